@@ -1,0 +1,132 @@
+"""Suite-wide options, hypothesis profiles, implementation selection, arch gating and reporting.
+
+* ``--impl NAME|pkg.module:factory`` (repeatable, comma-separated; env ``MOE_CONFORMANCE_IMPL``):
+  the implementations the generic suites test. Default: ``reference-ep``.
+* ``--ep 1,2,4,8`` (env ``MOE_CONFORMANCE_EP``): the EP sizes.
+* hypothesis profile: ``--hypothesis-profile dev|ci|nightly`` (env ``MOE_HYPOTHESIS_PROFILE``;
+  ``ci`` when ``CI`` is set, else ``dev``).
+* markers ``sm90``/``sm100``/``sm107``/``sm120`` run only on a GPU of that arch and skip elsewhere,
+  saying why.
+"""
+from __future__ import annotations
+
+import os
+import platform
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, settings
+
+from fixtures import arch, results
+from fixtures.dist.pool import close_all
+
+# Hypothesis profiles, in one place. Cases run on rank pools, so no per-example deadline.
+_COMMON = dict(deadline=None, print_blob=True,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                      HealthCheck.function_scoped_fixture])
+settings.register_profile("dev", max_examples=10, **_COMMON)
+settings.register_profile("ci", max_examples=15, derandomize=True, database=None, **_COMMON)
+settings.register_profile("nightly", max_examples=200, **_COMMON)
+settings.register_profile("repro", max_examples=1, phases=[Phase.explicit], **_COMMON)
+settings.load_profile(os.environ.get("MOE_HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+
+DEFAULT_IMPLS = "reference-ep"
+DEFAULT_EP = "1,2,4,8"
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("moe-conformance")
+    group.addoption("--impl", action="append", default=None,
+                    help="implementation(s) under test: a registered name or pkg.module:factory "
+                         f"(env MOE_CONFORMANCE_IMPL; default {DEFAULT_IMPLS})")
+    group.addoption("--ep", default=None, help=f"EP sizes, comma-separated (env MOE_CONFORMANCE_EP; default {DEFAULT_EP})")
+    group.addoption("--results-dir", default=os.environ.get("MOE_RESULTS_DIR", "results"),
+                    help="where per-case JSON results are written (env MOE_RESULTS_DIR)")
+
+
+def selected_impls(config) -> list[str]:
+    raw = config.getoption("--impl") or [os.environ.get("MOE_CONFORMANCE_IMPL", DEFAULT_IMPLS)]
+    return [name.strip() for item in raw for name in item.split(",") if name.strip()]
+
+
+def selected_ep_sizes(config) -> list[int]:
+    raw = config.getoption("--ep") or os.environ.get("MOE_CONFORMANCE_EP", DEFAULT_EP)
+    return [int(x) for x in raw.split(",") if x.strip()]
+
+
+def pytest_configure(config):
+    results.configure(config.getoption("--results-dir"))
+
+
+def pytest_report_header(config):
+    try:
+        import importlib.metadata as md
+        fi = md.version("flashinfer-python")
+    except Exception:  # not installed
+        fi = "not installed"
+    env = {k: v for k, v in os.environ.items() if k.startswith(("MOE_", "FLASHINFER_", "MEGA_"))}
+    return [
+        f"moe-conformance: impls={selected_impls(config)} ep={selected_ep_sizes(config)} "
+        f"hypothesis-profile={settings._current_profile}",
+        f"torch {torch.__version__} (cuda {torch.version.cuda}, {arch.describe()}), flashinfer-python {fi}, "
+        f"python {platform.python_version()}",
+        f"env: {env or '{}'}",
+    ]
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for tag in arch.ARCH_MARKERS:
+            if item.get_closest_marker(tag):
+                reason = arch.skip_reason(tag)
+                if reason:
+                    item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_terminal_summary(terminalreporter):
+    lines = results.summary_lines()
+    if lines:
+        terminalreporter.section("moe-conformance")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    close_all()
+
+
+def subject_params(config) -> list:
+    """(implementation, EP size) pairs for tests that take the ``subject`` fixture; unsupported pairs
+    stay in the list as skips that say why, and carry the implementation's arch marker."""
+    from fixtures.impl import load
+
+    params = []
+    for spec in selected_impls(config):
+        impl = load(spec)
+        caps = impl.capabilities
+        for ep in selected_ep_sizes(config):
+            marks = [getattr(pytest.mark, caps.arch)] if caps.arch in arch.ARCH_MARKERS else [pytest.mark.cpu]
+            reason = None
+            if ep not in caps.ep_sizes:
+                reason = f"{spec} does not support EP{ep} (supports {caps.ep_sizes})"
+            elif caps.arch in arch.ARCH_MARKERS and ep > 1 and not caps.ranks_share_device \
+                    and arch.gpu_count(caps.arch) < ep:
+                reason = (f"{spec} needs one GPU per rank: EP{ep} needs {ep} {caps.arch.upper()} GPUs, "
+                          f"this machine has {arch.gpu_count(caps.arch)}")
+            if reason:
+                marks.append(pytest.mark.skip(reason=reason))
+            params.append(pytest.param((spec, impl, ep), id=f"{spec}-EP{ep}", marks=marks))
+    return params
+
+
+def pytest_generate_tests(metafunc):
+    if "subject" in metafunc.fixturenames:
+        metafunc.parametrize("subject", subject_params(metafunc.config), indirect=True)
+
+
+@pytest.fixture
+def subject(request):
+    from fixtures.checks import Subject
+
+    spec, impl, ep = request.param
+    return Subject(spec, impl, ep)

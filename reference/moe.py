@@ -1,0 +1,196 @@
+"""The recipe-emulating MoE reference: vectorized, CPU or GPU, chunked to bound memory.
+
+Layout (FlashInfer's canonical ``MoEWeightPack``): ``w13 [E, 2I, H]`` with the gate rows first, then
+the up rows; ``w2 [E, H, I]``. ``topk_ids`` hold global expert ids; ``-1`` marks a masked slot, which
+contributes nothing. Duplicate ids in one token accumulate (each slot is its own route).
+
+The computation groups routed (token, slot) pairs by expert, in token order, and runs one GEMM per
+expert. A rank of the expert-parallel reference (``reference.ep``) runs the very same per-expert GEMMs on
+the very same rows, which makes its output bitwise equal to the single-process one in fp32.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from reference.recipes import Recipe
+
+DEFAULT_CHUNK_ROWS = 4096
+
+
+def interleave_gate_up(w13: torch.Tensor, stripe: int) -> torch.Tensor:
+    """[E, 2I, H] canonical (gate rows, then up rows) -> stripes [g0..g(s-1), u0..u(s-1), g(s).. ...]."""
+    num_experts, two_i, hidden = w13.shape
+    inter = two_i // 2
+    if inter % stripe:
+        raise ValueError(f"intermediate size {inter} is not a multiple of the {stripe}-row gate/up stripe")
+    gate = w13[:, :inter].reshape(num_experts, inter // stripe, stripe, hidden)
+    up = w13[:, inter:].reshape(num_experts, inter // stripe, stripe, hidden)
+    return torch.stack((gate, up), dim=2).reshape(num_experts, two_i, hidden)
+
+
+def deinterleave_gate_up(w13: torch.Tensor, stripe: int) -> torch.Tensor:
+    """Inverse of :func:`interleave_gate_up`."""
+    num_experts, two_i, hidden = w13.shape
+    pairs = w13.reshape(num_experts, two_i // (2 * stripe), 2, stripe, hidden)
+    return torch.cat((pairs[:, :, 0].reshape(num_experts, -1, hidden),
+                      pairs[:, :, 1].reshape(num_experts, -1, hidden)), dim=1)
+
+
+@dataclass(frozen=True)
+class PreparedWeights:
+    """Expert weights as the recipe's GEMMs see them (dequantized to fp32), computed once per layer."""
+
+    w13: torch.Tensor  # fp32 [E, 2I, H]
+    w2: torch.Tensor  # fp32 [E, H, I]
+    recipe_name: str
+
+    @property
+    def num_experts(self) -> int:
+        return self.w13.shape[0]
+
+
+def prepare_weights(w13: torch.Tensor, w2: torch.Tensor, recipe: Recipe) -> PreparedWeights:
+    """Round the weights the way the recipe's kernel stores them, and return them in fp32."""
+    if w13.dim() != 3 or w2.dim() != 3:
+        raise ValueError(f"w13 and w2 must be 3-D, got {tuple(w13.shape)} and {tuple(w2.shape)}")
+    num_experts, two_i, hidden = w13.shape
+    if two_i % 2 or w2.shape != (num_experts, hidden, two_i // 2):
+        raise ValueError(f"w13 [E, 2I, H] = {tuple(w13.shape)} does not match w2 [E, H, I] = {tuple(w2.shape)}")
+    if recipe.weight_input_bf16:
+        w13, w2 = w13.to(torch.bfloat16), w2.to(torch.bfloat16)
+    w13, w2 = w13.float(), w2.float()
+    wq = recipe.weight
+    block = wq.block
+    if wq.kind == "fp8" and block is None:
+        # Per-tensor weights carry one scale per expert: a block spanning each expert's whole matrix.
+        q13 = _per_expert(w13, wq, recipe.w13_stripe)
+        q2 = _per_expert(w2, wq, None)
+    else:
+        q13 = _striped(w13, wq.round_trip, recipe.w13_stripe)
+        q2 = wq.round_trip(w2)
+    return PreparedWeights(q13.contiguous(), q2.contiguous(), recipe.name)
+
+
+def _striped(w13, fn, stripe):
+    if stripe is None:
+        return fn(w13)
+    return deinterleave_gate_up(fn(interleave_gate_up(w13, stripe)), stripe)
+
+
+def _per_expert(w, wq, stripe):
+    whole = dataclasses.replace(wq, block=tuple(w.shape[-2:]))
+    return _striped(w, whole.round_trip, stripe)
+
+
+def _clamp(gate, up, recipe: Recipe):
+    limit = recipe.clamp_limit
+    if limit is None:
+        return gate, up
+    up = up.clamp(-limit, limit)
+    gate = gate.clamp(max=limit) if recipe.clamp_style == "gate_upper" else gate.clamp(-limit, limit)
+    return gate, up
+
+
+def _expert_rows(a, w, expert_w13, expert_w2, recipe: Recipe):
+    """FC1 -> clamp -> SwiGLU -> FC2 for the rows ``a`` [n, H] routed to one expert; returns terms [n, H]."""
+    h = torch.mm(a, expert_w13.t())
+    if recipe.fc1_out_bf16:
+        h = h.to(torch.bfloat16).float()
+    inter = h.shape[1] // 2
+    gate, up = _clamp(h[:, :inter], h[:, inter:], recipe)
+    s = up * gate * torch.sigmoid(gate)
+    if recipe.placement == "before_fc2_quant":
+        s = s * w[:, None]
+    if recipe.act_out_bf16:
+        s = s.to(torch.bfloat16).float()
+    s = recipe.fc2_in.round_trip(s)
+    y = torch.mm(s, expert_w2.t())
+    if recipe.placement == "combine":
+        y = y * w[:, None]
+    return recipe.combine_wire.round_trip(y)
+
+
+def moe_terms(
+    hidden_states: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    weights: PreparedWeights,
+    recipe: Recipe,
+    *,
+    expert_offset: int = 0,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+) -> torch.Tensor:
+    """Per-route contributions ``terms [T, K, H]`` (fp32) of the experts held in ``weights``.
+
+    ``weights`` hold experts ``expert_offset .. expert_offset + E_local - 1``; slots routed elsewhere
+    (or masked with -1) get a zero term. ``sum_k terms[:, k]`` is the MoE output when all experts are held.
+    """
+    tokens, top_k = topk_ids.shape
+    hidden = hidden_states.shape[1]
+    if topk_weights.shape != topk_ids.shape or hidden_states.shape[0] != tokens:
+        raise ValueError(f"shapes disagree: hidden {tuple(hidden_states.shape)}, ids {tuple(topk_ids.shape)}, "
+                         f"weights {tuple(topk_weights.shape)}")
+    if weights.w13.shape[2] != hidden:
+        raise ValueError(f"hidden size {hidden} does not match w13 {tuple(weights.w13.shape)}")
+    device = weights.w13.device
+    terms = torch.zeros(tokens * top_k, hidden, dtype=torch.float32, device=device)
+    if tokens == 0:
+        return terms.view(tokens, top_k, hidden)
+    x = hidden_states.to(device).float()
+    flat_w = topk_weights.to(device).float().reshape(-1)
+    local = topk_ids.to(device).reshape(-1).long() - expert_offset
+    owned = (topk_ids.to(device).reshape(-1) >= 0) & (local >= 0) & (local < weights.num_experts)
+    rows = owned.nonzero().squeeze(1)
+    order = torch.sort(local[rows], stable=True).indices
+    rows = rows[order]
+    counts = torch.bincount(local[rows], minlength=weights.num_experts).tolist()
+    # Activation quantization is per token: done once, before the routes fan out (except when the
+    # routing weight scales the input, Llama4-style, where each route quantizes its own scaled copy).
+    x_act = None if recipe.placement == "input" else recipe.act.round_trip(x)
+    start = 0
+    for expert, count in enumerate(counts):
+        for lo in range(start, start + count, chunk_rows):
+            chunk = rows[lo:min(lo + chunk_rows, start + count)]
+            token = torch.div(chunk, top_k, rounding_mode="floor")
+            w = flat_w[chunk]
+            if x_act is None:
+                a = recipe.act.round_trip(x[token] * w[:, None])
+            else:
+                a = x_act[token]
+            terms[chunk] = _expert_rows(a, w, weights.w13[expert], weights.w2[expert], recipe)
+        start += count
+    return terms.view(tokens, top_k, hidden)
+
+
+def combine_terms(terms: torch.Tensor, recipe: Recipe) -> torch.Tensor:
+    """Sum the K terms of each token in slot order (row-independent, so a slice combines identically)."""
+    tokens, top_k, hidden = terms.shape
+    out = torch.zeros(tokens, hidden, dtype=torch.float32, device=terms.device)
+    for k in range(top_k):
+        out = out + terms[:, k]
+        if recipe.accum == "bf16":
+            out = out.to(torch.bfloat16).float()
+    return out
+
+
+def moe_reference(
+    hidden_states: torch.Tensor,
+    topk_ids: torch.Tensor,
+    topk_weights: torch.Tensor,
+    w13,
+    w2,
+    recipe: Recipe,
+    *,
+    chunk_rows: int = DEFAULT_CHUNK_ROWS,
+) -> torch.Tensor:
+    """The MoE layer output ``[T, H]`` in fp32 under ``recipe``.
+
+    ``w13``/``w2`` are the canonical bf16/fp32 weights; pass ``w13`` as a :class:`PreparedWeights`
+    (and ``w2=None``) to reuse weights already rounded for this recipe.
+    """
+    prepared = w13 if isinstance(w13, PreparedWeights) else prepare_weights(w13, w2, recipe)
+    terms = moe_terms(hidden_states, topk_ids, topk_weights, prepared, recipe, chunk_rows=chunk_rows)
+    return combine_terms(terms, recipe)

@@ -1,0 +1,327 @@
+"""Exact quantize / dequantize pairs for the MoE wire and weight formats.
+
+Formats (peer-test-practices §3, catalogue §2-§3):
+* FP8 E4M3 / E5M2 with fp32 or UE8M0 scales: per tensor, per (1, G) group, or per (128, 128) block.
+* NVFP4: E2M1 values, one E4M3 scale per 16 elements, one fp32 global scale.
+* MX (OCP microscaling): MXFP8 E4M3 / E5M2 and MXFP4 E2M1, one E8M0 scale per 32 elements, with the
+  exponent rounded up ("ceil", FlashInfer's MegaMoE host utilities) or down ("floor", the OCP MX spec).
+
+Rules common to every quantizer here:
+* Rounding is round-to-nearest-even (RTNE); values beyond the format's largest finite value saturate to
+  +-fmax (torch's fp8 cast is not relied on to saturate: values are clamped first).
+* A block whose absolute maximum is zero gets the neutral scale (1.0, or E8M0 code 0 for MX).
+* Scales multiply: ``dequantized = code_value * scale`` (NVFP4: ``* block_scale / global_scale``).
+"""
+from __future__ import annotations
+
+import torch
+
+FP8_DTYPES = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+E2M1_MAX = 6.0
+# The eight non-negative E2M1 magnitudes, indexed by the 3-bit magnitude code.
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+NVFP4_BLOCK = 16
+MX_BLOCK = 32
+E8M0_BIAS = 127
+# fmax and the largest element exponent (OCP emax_elem) of each MX element format.
+MX_FORMATS = {
+    "mxfp8_e4m3": (448.0, 8),
+    "mxfp8_e5m2": (57344.0, 15),
+    "mxfp4": (E2M1_MAX, 2),
+}
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check_fmt(fmt: str) -> None:
+    if fmt not in FP8_DTYPES:
+        raise ValueError(f"unknown fp8 format {fmt!r}; expected one of {tuple(FP8_DTYPES)}")
+
+
+def saturating_cast(x: torch.Tensor, dtype: torch.dtype, fmax: float) -> torch.Tensor:
+    """Cast to an fp8 dtype with RTNE, clamping to [-fmax, fmax] first (NaN stays NaN)."""
+    return x.float().clamp(-fmax, fmax).to(dtype)
+
+
+def exact_log2_ceil(r: torch.Tensor) -> torch.Tensor:
+    """ceil(log2(r)) for positive finite fp32 r, exactly (frexp, not a float log)."""
+    mantissa, exponent = torch.frexp(r)
+    return torch.where(mantissa == 0.5, exponent - 1, exponent)
+
+
+def exact_log2_floor(r: torch.Tensor) -> torch.Tensor:
+    """floor(log2(r)) for positive finite fp32 r, exactly."""
+    return torch.frexp(r)[1] - 1
+
+
+def pow2(exponent: torch.Tensor) -> torch.Tensor:
+    """2**exponent as fp32, exact (subnormal where needed) for exponents in [-149, 127]."""
+    return torch.ldexp(torch.ones_like(exponent, dtype=torch.float32), exponent.to(torch.float32))
+
+
+# --------------------------------------------------------------------------------------------------
+# Block views
+
+
+def _normalize_block(block, ndim: int) -> tuple[int, int] | None:
+    if block is None:
+        return None
+    if len(block) != 2 or min(block) < 1:
+        raise ValueError(f"block must be None or (rows, cols) with positive sizes, got {block}")
+    rows, cols = int(block[0]), int(block[1])
+    if rows > 1 and ndim < 2:
+        raise ValueError(f"a {rows}x{cols} block needs a tensor of at least 2 dims")
+    return rows, cols
+
+
+def _pad_to_blocks(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Zero-pad the last (two) dims up to whole blocks."""
+    pad_cols = _ceil_div(x.shape[-1], cols) * cols - x.shape[-1]
+    pad_rows = 0 if rows == 1 else _ceil_div(x.shape[-2], rows) * rows - x.shape[-2]
+    if pad_cols or pad_rows:
+        x = torch.nn.functional.pad(x, (0, pad_cols, 0, pad_rows))
+    return x
+
+
+def block_amax(x: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
+    """Absolute maximum per block: [..., K] -> [..., ceil(K/cols)] for rows == 1, else
+    [..., M, K] -> [..., ceil(M/rows), ceil(K/cols)]."""
+    rows, cols = block
+    padded = _pad_to_blocks(x.float().abs(), rows, cols)
+    if rows == 1:
+        return padded.unflatten(-1, (-1, cols)).amax(-1)
+    blocks = padded.unflatten(-1, (-1, cols)).unflatten(-3, (-1, rows))  # [..., Mb, rows, Kb, cols]
+    return blocks.amax(dim=(-3, -1))
+
+
+def expand_block_scales(scales: torch.Tensor, block: tuple[int, int], shape: torch.Size) -> torch.Tensor:
+    """Broadcast per-block scales back to the element shape ``shape`` (cropping partial blocks)."""
+    rows, cols = block
+    out = scales.repeat_interleave(cols, dim=-1)[..., : shape[-1]]
+    if rows > 1:
+        out = out.repeat_interleave(rows, dim=-2)[..., : shape[-2], :]
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# FP8
+
+
+def fp8_scales_from_amax(amax: torch.Tensor, fmax: float, scale: str) -> torch.Tensor:
+    """Scale per block: amax / fmax (fp32) or its power of two rounded up (ue8m0); 1 for amax == 0."""
+    if scale not in ("fp32", "ue8m0"):
+        raise ValueError(f"scale must be 'fp32' or 'ue8m0', got {scale!r}")
+    amax = amax.float()
+    nonzero = amax > 0
+    ratio = torch.where(nonzero, amax / fmax, torch.ones_like(amax))
+    if scale == "ue8m0":
+        ratio = pow2(exact_log2_ceil(ratio).clamp(-E8M0_BIAS, E8M0_BIAS))
+    return ratio
+
+
+def fp8_quantize(
+    x: torch.Tensor, *, fmt: str = "e4m3", block=None, scale: str = "fp32"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize to FP8. Returns ``(q, scales)`` with ``x ~= q.float() * scales`` (per element).
+
+    ``block=None``: one scale for the whole tensor (0-d fp32). ``block=(1, G)``: one scale per G
+    consecutive elements of the last dim. ``block=(R, C)`` with R > 1: one scale per R x C tile of the
+    last two dims. Partial blocks at the edges are allowed.
+    """
+    _check_fmt(fmt)
+    fmax, dtype = FP8_MAX[fmt], FP8_DTYPES[fmt]
+    blk = _normalize_block(block, x.dim())
+    xf = x.float()
+    if blk is None:
+        amax = xf.abs().amax() if xf.numel() else torch.zeros((), device=x.device)
+        scales = fp8_scales_from_amax(amax, fmax, scale)
+        return saturating_cast(xf / scales, dtype, fmax), scales
+    scales = fp8_scales_from_amax(block_amax(xf, blk), fmax, scale)
+    q = saturating_cast(xf / expand_block_scales(scales, blk, xf.shape), dtype, fmax)
+    return q, scales
+
+
+def fp8_dequantize(q: torch.Tensor, scales: torch.Tensor, *, block=None) -> torch.Tensor:
+    """Inverse of :func:`fp8_quantize` (exact: products of fp8 values and scales fit in fp32)."""
+    blk = _normalize_block(block, q.dim())
+    if blk is None:
+        return q.float() * scales.float()
+    return q.float() * expand_block_scales(scales.float(), blk, q.shape)
+
+
+def fp8_round_trip(x: torch.Tensor, *, fmt: str = "e4m3", block=None, scale: str = "fp32") -> torch.Tensor:
+    """Quantize then dequantize: the value an FP8 wire delivers, in fp32."""
+    q, s = fp8_quantize(x, fmt=fmt, block=block, scale=scale)
+    return fp8_dequantize(q, s, block=block)
+
+
+# --------------------------------------------------------------------------------------------------
+# E2M1 (FP4) codes
+
+
+def _e2m1_table(device) -> torch.Tensor:
+    return torch.tensor(E2M1_VALUES, dtype=torch.float32, device=device)
+
+
+def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> 4-bit E2M1 codes (uint8 0..15, bit 3 = sign), RTNE, saturating at +-6."""
+    x = x.float()
+    if torch.isnan(x).any():
+        raise ValueError("E2M1 has no NaN: the input contains NaN")
+    grid = _e2m1_table(x.device)
+    midpoints = (grid[1:] + grid[:-1]) / 2  # exact in fp32
+    mag = x.abs()
+    idx = torch.bucketize(mag, midpoints, right=False)  # number of midpoints strictly below mag
+    # On an exact midpoint bucketize rounds down to the lower code; RTNE wants the even code.
+    on_mid = (idx < midpoints.numel()) & (mag == midpoints[idx.clamp_max(midpoints.numel() - 1)])
+    idx = torch.where(on_mid & (idx % 2 == 1), idx + 1, idx)
+    sign = torch.signbit(x).to(torch.uint8) << 3
+    return idx.to(torch.uint8) | sign
+
+
+def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
+    """4-bit E2M1 codes (uint8 0..15) -> fp32."""
+    codes = codes.to(torch.int64)
+    mag = _e2m1_table(codes.device)[codes & 7]
+    return torch.where((codes & 8) != 0, -mag, mag)
+
+
+def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
+    """[..., K] codes -> [..., K/2] bytes; the low nibble holds the even element."""
+    if codes.shape[-1] % 2:
+        raise ValueError(f"the last dim must be even to pack two FP4 codes per byte, got {codes.shape[-1]}")
+    pairs = codes.to(torch.uint8).unflatten(-1, (-1, 2))
+    return pairs[..., 0] | (pairs[..., 1] << 4)
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """[..., K/2] bytes -> [..., K] codes."""
+    packed = packed.view(torch.uint8) if packed.dtype != torch.uint8 else packed
+    return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
+
+
+# --------------------------------------------------------------------------------------------------
+# NVFP4
+
+
+def nvfp4_global_scale(x: torch.Tensor) -> torch.Tensor:
+    """The default global scale 448 * 6 / amax(x) (1 for an all-zero tensor)."""
+    amax = x.float().abs().amax() if x.numel() else torch.zeros((), device=x.device)
+    return torch.where(amax > 0, (FP8_MAX["e4m3"] * E2M1_MAX) / amax, torch.ones_like(amax))
+
+
+def nvfp4_quantize(x: torch.Tensor, *, global_scale=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Quantize to NVFP4 along the last dim (a multiple of 16).
+
+    Returns ``(packed uint8 [..., K/2], block_scales float8_e4m3fn [..., K/16], global_scale fp32)``;
+    ``x ~= e2m1 * float(block_scale) / global_scale``. Block scale = e4m3(amax_block * gs / 6); the
+    elements are ``x * gs * (1 / block_scale)`` rounded to E2M1 (0 where the block scale is 0).
+    """
+    if x.shape[-1] % NVFP4_BLOCK:
+        raise ValueError(f"NVFP4 needs the last dim to be a multiple of {NVFP4_BLOCK}, got {x.shape[-1]}")
+    xf = x.float()
+    gs = nvfp4_global_scale(xf) if global_scale is None else torch.as_tensor(
+        global_scale, dtype=torch.float32, device=x.device)
+    if not torch.isfinite(gs).all() or (gs <= 0).any():
+        raise ValueError(f"global_scale must be positive and finite, got {gs}")
+    amax = block_amax(xf, (1, NVFP4_BLOCK))
+    block_scales = saturating_cast(amax * gs / E2M1_MAX, torch.float8_e4m3fn, FP8_MAX["e4m3"])
+    sf = block_scales.float()
+    inv = torch.where(sf > 0, 1.0 / sf, torch.zeros_like(sf))
+    scaled = xf * gs * inv.repeat_interleave(NVFP4_BLOCK, dim=-1)
+    return pack_fp4(e2m1_encode(scaled)), block_scales, gs
+
+
+def nvfp4_dequantize(packed: torch.Tensor, block_scales: torch.Tensor, global_scale) -> torch.Tensor:
+    values = e2m1_decode(unpack_fp4(packed))
+    sf = block_scales.float().repeat_interleave(NVFP4_BLOCK, dim=-1)
+    return values * sf / torch.as_tensor(global_scale, dtype=torch.float32, device=values.device)
+
+
+def nvfp4_round_trip(x: torch.Tensor, *, global_scale=None) -> torch.Tensor:
+    return nvfp4_dequantize(*nvfp4_quantize(x, global_scale=global_scale))
+
+
+def swizzle_128x4(scales: torch.Tensor) -> torch.Tensor:
+    """Linear [R, C] block scales -> the flat 128x4 swizzled layout of the tensor-core scale loaders.
+
+    Pads to [round_up(R, 128), round_up(C, 4)] with zeros, then for each 128x4 tile (row-tile major)
+    writes element (32 * i + j, c) of the tile at offset 16 * j + 4 * i + c.
+    """
+    if scales.dim() != 2:
+        raise ValueError(f"swizzle_128x4 takes a 2-D scale matrix, got shape {tuple(scales.shape)}")
+    rows, cols = scales.shape
+    raw = scales.view(torch.uint8) if scales.element_size() == 1 else scales
+    padded = torch.zeros(_ceil_div(rows, 128) * 128, _ceil_div(cols, 4) * 4, dtype=raw.dtype, device=raw.device)
+    padded[:rows, :cols] = raw
+    tiles = padded.view(padded.shape[0] // 128, 4, 32, padded.shape[1] // 4, 4)  # rb, i, j, cb, c
+    return tiles.permute(0, 3, 2, 1, 4).reshape(-1).view(scales.dtype)  # rb, cb, j, i, c
+
+
+def unswizzle_128x4(flat: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
+    """Inverse of :func:`swizzle_128x4`: flat swizzled scales -> linear [rows, cols]."""
+    raw = flat.view(torch.uint8) if flat.element_size() == 1 else flat
+    rb, cb = _ceil_div(rows, 128), _ceil_div(cols, 4)
+    if raw.numel() != rb * cb * 512:
+        raise ValueError(f"expected {rb * cb * 512} swizzled scales for [{rows}, {cols}], got {raw.numel()}")
+    tiles = raw.view(rb, cb, 32, 4, 4).permute(0, 3, 2, 1, 4)  # rb, i, j, cb, c
+    return tiles.reshape(rb * 128, cb * 4)[:rows, :cols].contiguous().view(flat.dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# MX formats
+
+
+def e8m0_to_float(codes: torch.Tensor) -> torch.Tensor:
+    """E8M0 codes (uint8) -> fp32: 2**(code - 127); code 255 is NaN."""
+    codes = codes.view(torch.uint8) if codes.dtype != torch.uint8 else codes
+    value = pow2(codes.to(torch.int32) - E8M0_BIAS)
+    return torch.where(codes == 255, torch.full_like(value, float("nan")), value)
+
+
+def mx_scale_codes(amax: torch.Tensor, fmt: str, exponent: str) -> torch.Tensor:
+    """E8M0 scale code per block. ``ceil``: ceil(log2(amax / fmax)); ``floor`` (OCP MX spec):
+    floor(log2(amax)) - emax_elem. Biased by 127, clamped to [0, 254]; all-zero blocks get code 0."""
+    fmax, emax_elem = MX_FORMATS[fmt]
+    nonzero = amax > 0
+    safe = torch.where(nonzero, amax.float(), torch.ones_like(amax, dtype=torch.float32))
+    if exponent == "ceil":
+        e = exact_log2_ceil(safe / fmax)
+    elif exponent == "floor":
+        e = exact_log2_floor(safe) - emax_elem
+    else:
+        raise ValueError(f"exponent must be 'ceil' or 'floor', got {exponent!r}")
+    codes = (e + E8M0_BIAS).clamp(0, 254)
+    return torch.where(nonzero, codes, torch.zeros_like(codes)).to(torch.uint8)
+
+
+def mx_quantize(x: torch.Tensor, *, fmt: str = "mxfp8_e4m3", exponent: str = "ceil"):
+    """Quantize along the last dim (a multiple of 32) to an MX format.
+
+    Returns ``(q, scale_codes uint8 [..., K/32])``: q is float8 for MXFP8 and packed uint8
+    [..., K/2] (low nibble = even element) for MXFP4; ``x ~= q * 2**(code - 127)``.
+    """
+    if fmt not in MX_FORMATS:
+        raise ValueError(f"unknown MX format {fmt!r}; expected one of {tuple(MX_FORMATS)}")
+    if x.shape[-1] % MX_BLOCK:
+        raise ValueError(f"MX formats need the last dim to be a multiple of {MX_BLOCK}, got {x.shape[-1]}")
+    xf = x.float()
+    codes = mx_scale_codes(block_amax(xf, (1, MX_BLOCK)), fmt, exponent)
+    scaled = xf / e8m0_to_float(codes).repeat_interleave(MX_BLOCK, dim=-1)
+    if fmt == "mxfp4":
+        return pack_fp4(e2m1_encode(scaled)), codes
+    element = fmt.split("_")[1]
+    return saturating_cast(scaled, FP8_DTYPES[element], FP8_MAX[element]), codes
+
+
+def mx_dequantize(q: torch.Tensor, scale_codes: torch.Tensor, *, fmt: str = "mxfp8_e4m3") -> torch.Tensor:
+    values = e2m1_decode(unpack_fp4(q)) if fmt == "mxfp4" else q.float()
+    return values * e8m0_to_float(scale_codes).repeat_interleave(MX_BLOCK, dim=-1)
+
+
+def mx_round_trip(x: torch.Tensor, *, fmt: str = "mxfp8_e4m3", exponent: str = "ceil") -> torch.Tensor:
+    q, codes = mx_quantize(x, fmt=fmt, exponent=exponent)
+    return mx_dequantize(q, codes, fmt=fmt)

@@ -1,0 +1,255 @@
+"""Numerics recipes: what a MoE implementation rounds, where, and how close it must come.
+
+A :class:`Recipe` names every choice that changes a MegaMoE kernel's output bits (catalogue §2):
+activation wire format, weight format (and the gate/up stripe width its block scales see), FC1 output
+rounding, clamp, SwiGLU, where the routing weight is applied, the FC2-input requantization, per-term
+rounding and combine wire, and the accumulation dtype. :func:`reference.moe.moe_reference` evaluates
+any recipe; the named constants below are the FlashInfer 0.7.2.post1 MegaMoE kernels, each citing the
+catalogue section it comes from. Tolerances live here, beside the recipe they belong to, with the reason.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from reference import quant
+
+QUANT_KINDS = ("none", "bf16", "fp8", "nvfp4", "mx")
+
+
+@dataclass(frozen=True)
+class Quant:
+    """One rounding step. ``kind``:
+
+    * ``none``  - exact fp32 pass-through; ``bf16`` - round to bf16;
+    * ``fp8``   - ``fmt`` e4m3/e5m2, ``block`` None (per tensor) / (1, G) / (R, C), ``scale`` fp32/ue8m0;
+      ``static_scale`` fixes a per-tensor dequant scale instead of deriving it from amax;
+    * ``nvfp4`` - 16-element E2M1 blocks with E4M3 scales, ``global_scale`` (None: 448*6/amax);
+    * ``mx``    - ``fmt`` mxfp8_e4m3/mxfp8_e5m2/mxfp4, 32-element blocks, E8M0 ``exponent`` ceil/floor.
+    """
+
+    kind: str = "none"
+    fmt: str = "e4m3"
+    block: tuple[int, int] | None = None
+    scale: str = "fp32"
+    static_scale: float | None = None
+    global_scale: float | None = None
+    exponent: str = "ceil"
+
+    def __post_init__(self):
+        if self.kind not in QUANT_KINDS:
+            raise ValueError(f"unknown quant kind {self.kind!r}; expected one of {QUANT_KINDS}")
+
+    def round_trip(self, x: torch.Tensor) -> torch.Tensor:
+        """The fp32 value this rounding step delivers for ``x`` (blocks along the last dims)."""
+        if self.kind == "none":
+            return x.float()
+        if self.kind == "bf16":
+            return x.to(torch.bfloat16).float()
+        if self.kind == "fp8":
+            if self.static_scale is not None:
+                fmax = quant.FP8_MAX[self.fmt]
+                q = quant.saturating_cast(x.float() / self.static_scale, quant.FP8_DTYPES[self.fmt], fmax)
+                return q.float() * self.static_scale
+            return quant.fp8_round_trip(x, fmt=self.fmt, block=self.block, scale=self.scale)
+        if self.kind == "nvfp4":
+            return quant.nvfp4_round_trip(x, global_scale=self.global_scale)
+        return quant.mx_round_trip(x, fmt=self.fmt, exponent=self.exponent)
+
+
+NONE = Quant("none")
+BF16 = Quant("bf16")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close an implementation of a recipe must come to the recipe-emulating reference.
+
+    Three criteria, all required (peer-test-practices §1.4: FlashInfer pairs a global rel-L2 with an
+    element-wise band):
+    * global relative L2 ``||out - ref|| / ||ref|| <= rel_l2`` and cosine ``>= cosine``;
+    * per token: ``||out_t - ref_t|| <= row_rel_l2 * ||ref_t|| + row_floor * ||Σ_k|term_k|||``
+      (catches one wrong token in a large batch, which the global norm would dilute);
+    * per element, the term-magnitude band ``|out - ref| <= band_c * 2^-8 * Σ_k |term_k| + band_atol``
+      ("agreement is bounded by the round-off of the largest term, not of the final value").
+    ``bitwise`` demands torch.equal instead. ``textbook_rel_l2`` bounds the distance to the fp64
+    textbook oracle, which ignores the recipe's quantization (a loose, documented sanity bound).
+    """
+
+    rel_l2: float = 0.0
+    cosine: float = 1.0
+    row_rel_l2: float = 0.0
+    row_floor: float = 0.0
+    band_c: float = 0.0
+    band_atol: float = 0.0
+    textbook_rel_l2: float = 1e-5
+    bitwise: bool = False
+    reason: str = ""
+
+
+BITWISE = Tolerance(bitwise=True, textbook_rel_l2=1e-5,
+                    reason="same fp32 math in the same order: any difference is a bug")
+
+CLAMP_STYLES = ("gate_upper", "symmetric")
+PLACEMENTS = ("before_fc2_quant", "combine", "input")
+ACCUM_DTYPES = ("fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The numerics of one MoE implementation; ``moe_reference`` follows it step by step.
+
+    Per routed (token t, slot k) with expert e and weight w:
+      a = act(x_t)                         (``act``; with placement ``input``: act(w * x_t))
+      h = W13q[e] @ a  in fp32             (``weight`` quantized on ``w13_stripe``-row gate/up stripes)
+      h = bf16(h) if ``fc1_out_bf16``
+      g, u = h[:I], h[I:]; clamp (``clamp_limit``, ``clamp_style``)
+      s = u * g * sigmoid(g)                (SwiGLU in fp32)
+      s = w * s  if placement ``before_fc2_quant``
+      s = bf16(s) if ``act_out_bf16``; s = ``fc2_in``(s)
+      y = W2q[e] @ s  in fp32
+      y = w * y  if placement ``combine``;  y = ``combine_wire``(y)
+    out_t = sum over k (in slot order) of y, accumulated in ``accum``.
+    """
+
+    name: str
+    act: Quant = NONE
+    weight: Quant = NONE
+    w13_stripe: int | None = None
+    weight_input_bf16: bool = True
+    fc1_out_bf16: bool = False
+    clamp_limit: float | None = None
+    clamp_style: str = "gate_upper"
+    clamp_supported: bool = True
+    placement: str = "combine"
+    act_out_bf16: bool = False
+    fc2_in: Quant = NONE
+    combine_wire: Quant = NONE
+    accum: str = "fp32"
+    tolerance: Tolerance = BITWISE
+    source: str = ""
+
+    def __post_init__(self):
+        if self.clamp_style not in CLAMP_STYLES:
+            raise ValueError(f"clamp_style must be one of {CLAMP_STYLES}, got {self.clamp_style!r}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
+        if self.accum not in ACCUM_DTYPES:
+            raise ValueError(f"accum must be one of {ACCUM_DTYPES}, got {self.accum!r}")
+        if self.clamp_limit is not None and not self.clamp_supported:
+            raise ValueError(f"recipe {self.name} has no clamp, got clamp_limit={self.clamp_limit}")
+        if self.clamp_limit is not None and not (self.clamp_limit >= 0):
+            raise ValueError(f"clamp_limit must be >= 0, got {self.clamp_limit}")
+
+    def with_(self, **changes) -> "Recipe":
+        return dataclasses.replace(self, **changes)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The recipes. Tolerances of kernels not yet measured on hardware are provisional: marked so in the
+# reason, and taken from FlashInfer's own oracle tests (peer-test-practices §1.4).
+
+FP32_EXACT = Recipe(
+    name="fp32_exact", weight_input_bf16=False, placement="combine",
+    source="no rounding anywhere: the textbook MoE evaluated in fp32")
+
+BF16_WEIGHTS = Recipe(
+    name="bf16_weights", placement="combine",
+    source="bf16 weights and activations, everything else fp32 (the reference-ep default)")
+
+_FP8_KERNEL_TOL = Tolerance(
+    rel_l2=0.02, cosine=0.999, row_rel_l2=0.05, row_floor=0.02, band_c=8.0, band_atol=1e-3,
+    textbook_rel_l2=0.12,
+    reason="provisional: FlashInfer's SM90 pull oracle test (rel_l2 < 0.02); FP8 operands are emulated "
+           "exactly, the rest is fp32 accumulation order and bf16 terms; textbook bound covers two "
+           "e4m3 roundings (2^-4 relative each) of O(1) values")
+
+SM90_PULL_FP8_BLOCKWISE = Recipe(
+    name="sm90_pull_fp8_blockwise",
+    act=Quant("fp8", block=(1, 128)),
+    weight=Quant("fp8", block=(128, 128)), w13_stripe=8,
+    clamp_style="gate_upper", placement="before_fc2_quant",
+    fc2_in=Quant("fp8", block=(1, 64)), combine_wire=BF16,
+    tolerance=_FP8_KERNEL_TOL,
+    source="catalogue §3.1 (blockwise: 1x128 act, 128x128 weight blocks on the 8-row gate/up interleave, "
+           "FC2 input per token per 64 channels, weight before FC2 quant, bf16 per-slot terms, fp32 sum)")
+
+SM90_PULL_FP8_PER_TENSOR = Recipe(
+    name="sm90_pull_fp8_per_tensor",
+    act=Quant("fp8", static_scale=1.0),
+    weight=Quant("fp8", block=None), w13_stripe=8,
+    clamp_style="gate_upper", placement="before_fc2_quant",
+    fc2_in=Quant("fp8", static_scale=1.0), combine_wire=BF16,
+    tolerance=_FP8_KERNEL_TOL,
+    source="catalogue §3.1 (per_tensor: static activation scales fc1/fc2_activation_dequant_scale = 1.0, "
+           "one scale per expert over the interleaved [2I, H] matrix)")
+
+SM90_PUSH_FP8 = Recipe(
+    name="sm90_push_fp8",
+    act=Quant("fp8", block=(1, 128)),
+    weight=Quant("fp8", block=(128, 128)), w13_stripe=None,
+    clamp_supported=False, placement="combine", act_out_bf16=True,
+    fc2_in=Quant("fp8", block=(1, 128)), combine_wire=Quant("fp8", block=(1, 128)),
+    tolerance=dataclasses.replace(
+        _FP8_KERNEL_TOL, rel_l2=0.03, band_c=16.0,
+        reason="provisional: adds an fp8 combine wire (per-128 amax/448 of y*w) to the pull recipe's "
+               "roundings; FlashInfer's push tests accept cos > 0.997, rel_rms < 0.10"),
+    source="catalogue §3.2 (1x128 act at the source, 128x128 weights in canonical order, silu(g)*u "
+           "rounded to bf16 then 1x128 fp8, weight at the combine, fp8 combine wire); no clamp")
+
+SM90_PUSH_CAKE_BF16 = Recipe(
+    name="sm90_push_cake_bf16",
+    act=BF16, weight=NONE, clamp_style="symmetric", placement="combine", act_out_bf16=True,
+    combine_wire=BF16,
+    tolerance=Tolerance(
+        rel_l2=0.01, cosine=0.9999, row_rel_l2=0.02, row_floor=0.01, band_c=4.0, band_atol=1e-3,
+        textbook_rel_l2=0.02,
+        reason="provisional: bf16 intermediate and bf16 per-route terms are emulated; what is left is "
+               "fp32 accumulation order (a few bf16 ulps of the largest term)"),
+    source="catalogue §3.3 (no FP8 anywhere; both g and u clamped to [-L, L]; per_route wire "
+           "bf16(fp32(y)*w) summed in fp32)")
+
+SM100_NVFP4 = Recipe(
+    name="sm100_nvfp4",
+    act=Quant("nvfp4", global_scale=1.0), weight=Quant("nvfp4", global_scale=1.0), w13_stripe=16,
+    clamp_style="gate_upper", placement="before_fc2_quant",
+    fc2_in=Quant("nvfp4", global_scale=1.0), combine_wire=BF16,
+    tolerance=Tolerance(
+        rel_l2=0.02, cosine=0.999, row_rel_l2=0.06, row_floor=0.03, band_c=8.0, band_atol=2e-3,
+        textbook_rel_l2=0.5,
+        reason="unverified on hardware (no SM100 here): FlashInfer's NVFP4 oracle test, rel_l2 < 0.02"),
+    source="catalogue §3.5 (input_norm_const = weight norm_const = fc1_norm_const = 1, alphas 1)")
+
+SM100_MXFP8 = Recipe(
+    name="sm100_mxfp8",
+    act=Quant("mx", fmt="mxfp8_e4m3", exponent="ceil"), weight=Quant("mx", fmt="mxfp8_e4m3", exponent="ceil"),
+    w13_stripe=32, clamp_style="gate_upper", placement="before_fc2_quant",
+    fc2_in=Quant("mx", fmt="mxfp8_e4m3", exponent="ceil"), combine_wire=BF16,
+    tolerance=dataclasses.replace(_FP8_KERNEL_TOL, reason="unverified on hardware (no SM100 here): "
+                                  "FlashInfer's MXFP8 driver check, term-magnitude band c = 2..8"),
+    source="catalogue §3.6 (E8M0 exponent rounded up, 32-row stripes, topk applied in FC1)")
+
+SM100_BF16 = Recipe(
+    name="sm100_bf16", act=BF16, weight=NONE, w13_stripe=32, clamp_style="gate_upper",
+    placement="before_fc2_quant", act_out_bf16=True, combine_wire=BF16,
+    tolerance=dataclasses.replace(SM90_PUSH_CAKE_BF16.tolerance,
+                                  reason="unverified on hardware (no SM100 here): bf16 rounding emulated"),
+    source="catalogue §3.7")
+
+SM100_DEEPGEMM_FP8_FP4 = Recipe(
+    name="sm100_deepgemm_fp8_fp4",
+    act=Quant("fp8", block=(1, 32), scale="ue8m0"), weight=Quant("mx", fmt="mxfp4", exponent="ceil"),
+    fc1_out_bf16=True, clamp_style="gate_upper", placement="before_fc2_quant",
+    fc2_in=Quant("fp8", block=(1, 32), scale="ue8m0"), combine_wire=BF16,
+    tolerance=Tolerance(
+        rel_l2=0.02, cosine=0.999, row_rel_l2=0.08, row_floor=0.04, band_c=16.0, band_atol=0.15,
+        textbook_rel_l2=0.6,
+        reason="unverified on hardware (no SM100 here): FlashInfer's DeepGEMM oracle, atol 0.15, rel_l2 0.02"),
+    source="catalogue §3.4, peer-test-practices §1.3(c)")
+
+KERNEL_RECIPES = {r.name: r for r in (
+    SM90_PULL_FP8_BLOCKWISE, SM90_PULL_FP8_PER_TENSOR, SM90_PUSH_FP8, SM90_PUSH_CAKE_BF16,
+    SM100_NVFP4, SM100_MXFP8, SM100_BF16, SM100_DEEPGEMM_FP8_FP4)}
+ALL_RECIPES = {FP32_EXACT.name: FP32_EXACT, BF16_WEIGHTS.name: BF16_WEIGHTS, **KERNEL_RECIPES}

@@ -1,0 +1,165 @@
+"""Router reference: logits -> (topk_ids, topk_weights), in fp32, for every FlashInfer routing method.
+
+Method names follow FlashInfer's ``RoutingMethodType`` (catalogue §6.1; peer-test-practices §2):
+
+==================  ==========================================================================
+Default             p = softmax(z); ids = topk(p); w = p[ids]
+Renormalize         ids = topk(z); w = softmax(z[ids])
+RenormalizeNaive    p = softmax(z); ids = topk(p); w = p[ids] / sum(p[ids])
+DeepSeekV3          s = sigmoid(z); s' = s + bias; groups ranked by the sum of their top-2 s';
+                    the best ``topk_group`` groups kept (others masked with -inf);
+                    ids = topk(s'); w = s[ids] / (sum(s[ids]) + 1e-20) * rsf
+Llama4              K = 1; id = argmax z; w = sigmoid(z[id])   (the weight scales the *input*)
+TopK                ids = topk(z); w = z[ids]  (raw scores: the kernel has no post-processing)
+Sigmoid             s = sigmoid(z); ids = topk(s); w = s[ids]
+SigmoidRenorm       s = sigmoid(z); ids = topk(s); w = s[ids] / max(sum(s[ids]), 1e-20)
+MiniMax2            s = sigmoid(z); ids = topk(s + bias); w = s[ids] / (sum(s[ids]) + 1e-20) * rsf
+TopKSigmoid         ids = topk(z); w = sigmoid(z[ids])
+==================  ==========================================================================
+
+Conventions that make the reference a usable oracle:
+* Ties: the smaller expert (or group) index wins, always (a stable descending sort).
+* Weights come from the *unbiased* sigmoid recomputed from the logits, never from (s + bias) - bias,
+  which loses s ~ 1e-8 next to bias ~ 12 in fp32 (FlashInfer PR #3875).
+* ``routed_scaling_factor`` (rsf) multiplies the weights of every method (FlashInfer's trace references
+  do so; for DeepSeekV3 and MiniMax2 it is part of the documented formula).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+METHODS = (
+    "Default",
+    "Renormalize",
+    "RenormalizeNaive",
+    "DeepSeekV3",
+    "Llama4",
+    "TopK",
+    "Sigmoid",
+    "SigmoidRenorm",
+    "MiniMax2",
+    "TopKSigmoid",
+)
+# Methods whose selection uses a per-expert bias (e_score_correction_bias).
+BIASED_METHODS = ("DeepSeekV3", "MiniMax2")
+RENORM_EPS = 1e-20
+
+
+def stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest entries per row; among equal scores the smaller index comes first."""
+    order = torch.sort(scores, dim=-1, descending=True, stable=True).indices
+    return order[..., :k]
+
+
+def _validate(logits, method, top_k, bias, n_group, topk_group):
+    if method not in METHODS:
+        raise ValueError(f"unknown routing method {method!r}; expected one of {METHODS}")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be 2-D [T, E], got shape {tuple(logits.shape)}")
+    if not logits.is_floating_point():
+        raise ValueError(f"logits must be floating point, got {logits.dtype}")
+    num_experts = logits.shape[1]
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k must be in [1, E={num_experts}], got {top_k}")
+    if method == "Llama4" and top_k != 1:
+        raise ValueError(f"Llama4 routing is top-1 by definition, got top_k={top_k}")
+    if logits.numel() and not torch.isfinite(logits).all():
+        raise ValueError("logits contain NaN or Inf")
+    if bias is not None:
+        if method not in BIASED_METHODS:
+            raise ValueError(f"{method} routing takes no bias")
+        if bias.shape != (num_experts,):
+            raise ValueError(f"bias must have shape [E={num_experts}], got {tuple(bias.shape)}")
+        if not torch.isfinite(bias).all():
+            raise ValueError("bias contains NaN or Inf")
+    if (n_group is None) != (topk_group is None):
+        raise ValueError("n_group and topk_group go together")
+    if n_group is not None:
+        if method != "DeepSeekV3":
+            raise ValueError(f"expert groups apply to DeepSeekV3 routing only, not {method}")
+        if n_group < 1 or num_experts % n_group:
+            raise ValueError(f"E={num_experts} is not divisible by n_group={n_group}")
+        if not 1 <= topk_group <= n_group:
+            raise ValueError(f"topk_group must be in [1, n_group={n_group}], got {topk_group}")
+        if topk_group * (num_experts // n_group) < top_k:
+            raise ValueError(
+                f"top_k={top_k} exceeds the {topk_group * (num_experts // n_group)} experts "
+                f"of the {topk_group} kept groups")
+
+
+def _group_mask(biased: torch.Tensor, n_group: int, topk_group: int) -> torch.Tensor:
+    """Boolean [T, E] mask of the experts inside the best ``topk_group`` groups."""
+    tokens, num_experts = biased.shape
+    per_group = num_experts // n_group
+    grouped = biased.view(tokens, n_group, per_group)
+    top2 = min(2, per_group)
+    group_score = torch.sort(grouped, dim=-1, descending=True).values[..., :top2].sum(-1)
+    kept = stable_topk(group_score, topk_group)
+    group_keep = torch.zeros(tokens, n_group, dtype=torch.bool, device=biased.device)
+    group_keep.scatter_(1, kept, True)
+    return group_keep.repeat_interleave(per_group, dim=1)
+
+
+def route(
+    logits: torch.Tensor,
+    method: str,
+    top_k: int,
+    *,
+    bias: torch.Tensor | None = None,
+    n_group: int | None = None,
+    topk_group: int | None = None,
+    routed_scaling_factor: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Route tokens to experts.
+
+    Returns ``(topk_ids int64 [T, K], topk_weights float32 [T, K])``; ids are ordered by descending
+    selection score (ties: smaller index first). All math runs in fp32 whatever the logits dtype.
+    """
+    _validate(logits, method, top_k, bias, n_group, topk_group)
+    if not math.isfinite(routed_scaling_factor):
+        raise ValueError("routed_scaling_factor must be finite")
+    z = logits.float()
+    b = None if bias is None else bias.float()
+
+    if method == "Default":
+        p = torch.softmax(z, dim=-1)
+        ids = stable_topk(p, top_k)
+        w = p.gather(1, ids)
+    elif method == "Renormalize":
+        ids = stable_topk(z, top_k)
+        w = torch.softmax(z.gather(1, ids), dim=-1)
+    elif method == "RenormalizeNaive":
+        p = torch.softmax(z, dim=-1)
+        ids = stable_topk(p, top_k)
+        w = p.gather(1, ids)
+        w = w / w.sum(-1, keepdim=True)
+    elif method in ("DeepSeekV3", "MiniMax2"):
+        s = torch.sigmoid(z)
+        selection = s if b is None else s + b
+        if n_group is not None and n_group > 1:
+            keep = _group_mask(selection, n_group, topk_group)
+            selection = selection.masked_fill(~keep, float("-inf"))
+        ids = stable_topk(selection, top_k)
+        w = s.gather(1, ids)  # unbiased sigmoid, recomputed from the logits
+        w = w / (w.sum(-1, keepdim=True) + RENORM_EPS)
+    elif method == "Llama4":
+        ids = stable_topk(z, 1)
+        w = torch.sigmoid(z.gather(1, ids))
+    elif method == "TopK":
+        ids = stable_topk(z, top_k)
+        w = z.gather(1, ids)
+    elif method == "Sigmoid":
+        s = torch.sigmoid(z)
+        ids = stable_topk(s, top_k)
+        w = s.gather(1, ids)
+    elif method == "SigmoidRenorm":
+        s = torch.sigmoid(z)
+        ids = stable_topk(s, top_k)
+        w = s.gather(1, ids)
+        w = w / w.sum(-1, keepdim=True).clamp_min(RENORM_EPS)
+    else:  # TopKSigmoid
+        ids = stable_topk(z, top_k)
+        w = torch.sigmoid(z.gather(1, ids))
+    return ids.to(torch.int64), (w * routed_scaling_factor).to(torch.float32)
