@@ -45,8 +45,14 @@ def pytest_addoption(parser):
 
 
 def selected_impls(config) -> list[str]:
+    """``all`` expands to every registered implementation except the meta-suite's faulty copies."""
+    from fixtures.impl import registered_names
+
     raw = config.getoption("--impl") or [os.environ.get("MOE_CONFORMANCE_IMPL", DEFAULT_IMPLS)]
-    return [name.strip() for item in raw for name in item.split(",") if name.strip()]
+    names = [name.strip() for item in raw for name in item.split(",") if name.strip()]
+    if "all" in names:
+        names = [n for n in registered_names() if not n.startswith("faulty:")] + [n for n in names if n != "all"]
+    return list(dict.fromkeys(names))
 
 
 def selected_ep_sizes(config) -> list[int]:
@@ -106,6 +112,8 @@ def subject_params(config) -> list:
         caps = impl.capabilities
         for ep in selected_ep_sizes(config):
             marks = [getattr(pytest.mark, caps.arch)] if caps.arch in arch.ARCH_MARKERS else [pytest.mark.cpu]
+            if ep > 1:
+                marks.append(pytest.mark.ep)
             reason = None
             if ep not in caps.ep_sizes:
                 reason = f"{spec} does not support EP{ep} (supports {caps.ep_sizes})"

@@ -11,7 +11,9 @@ Experts are sharded contiguously: global expert g lives on rank ``g // E_local``
    owner, so the sum adds zeros only and is exact;
 4. each rank combines the terms of its own tokens in slot order.
 
-Its output is therefore bitwise equal, in fp32, to the rank's slice of the single-process reference.
+Its output is therefore bitwise equal, in fp32, to the rank's slice of the single-process reference,
+provided both run their CPU GEMMs with the same intra-op thread count (BLAS splits reductions by
+thread; the conformance harness runs ranks and oracle single-threaded).
 Collectives inherit the process group's timeout (set it when creating the group).
 """
 from __future__ import annotations

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Set up the Python environment the suite runs in; safe to run again. Prints the python to use.
+#   CPU machine: a .venv in the repo, torch==2.13.0 FIRST (the CPU build on local disk; anything that
+#   depends on torch installed before it would pull a multi-GB CUDA build), then the pinned test deps
+#   and flashinfer-python (its public API is pinned by CPU tests).
+#   GPU host prepared with ../shared/gpu (no network): ~/gpu-env.sh is sourced and its python3 used.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+if [ -f "$HOME/gpu-env.sh" ] && [ "${MOE_USE_VENV:-0}" != "1" ]; then
+  # shellcheck disable=SC1091
+  source "$HOME/gpu-env.sh"
+  echo "python3"
+  exit 0
+fi
+venv="${MOE_VENV:-$root/.venv}"
+stamp="$venv/.moe-installed"
+if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
+  python3 -m venv "$venv" >&2
+  "$venv/bin/python" -m pip install -q --upgrade pip >&2 2>/dev/null || true
+  "$venv/bin/python" -m pip install -q "torch==2.13.0" 2>&1 | grep -v "is ignored" >&2 || true
+  "$venv/bin/python" -m pip install -q -e "$root[test,flashinfer]" 2>&1 | grep -v "is ignored" >&2 || true
+  "$venv/bin/python" -c "import torch, pytest, hypothesis, flashinfer" >&2
+  touch "$stamp"
+fi
+echo "$venv/bin/python"

@@ -1,0 +1,91 @@
+"""The generic conformance checks, against every selected implementation at every selected EP size.
+
+``subject`` is parametrized by conftest.py from ``--impl`` and ``--ep``; nothing here names a backend.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fixtures import results
+from fixtures.checks import (check_oracle, check_permutation, check_relabel, check_repeat_determinism,
+                             check_textbook)
+from fixtures.problem import PATTERNS, BatchCase, LayerCase, Scenario
+from fixtures.strategies import scenarios
+
+
+def _record(subject, scenario, check, started):
+    results.record("cases", impl=subject.spec, ep=subject.ep_size, recipe=subject.caps.recipe.name,
+                   check=check, scenario=scenario.to_json(), seconds=round(time.monotonic() - started, 4))
+
+
+@given(data=st.data())
+def test_matches_reference(subject, data):
+    scenario = data.draw(scenarios(subject.caps, subject.ep_size), label="scenario")
+    started = time.monotonic()
+    run = check_oracle(subject, scenario)
+    check_textbook(subject, scenario, run)
+    _record(subject, scenario, "oracle+textbook", started)
+
+
+@given(data=st.data())
+def test_repeat_is_bitwise_deterministic(subject, data):
+    if not subject.caps.deterministic:
+        pytest.skip(f"{subject.spec} does not promise bitwise repeat determinism")
+    check_repeat_determinism(subject, data.draw(scenarios(subject.caps, subject.ep_size, max_batches=1)))
+
+
+@given(data=st.data(), seed=st.integers(0, 2**31 - 1))
+def test_token_permutation_equivariance(subject, data, seed):
+    check_permutation(subject, data.draw(scenarios(subject.caps, subject.ep_size, max_batches=1)), seed)
+
+
+@given(data=st.data(), seed=st.integers(0, 2**31 - 1))
+def test_expert_relabeling_invariance(subject, data, seed):
+    check_relabel(subject, data.draw(scenarios(subject.caps, subject.ep_size, max_batches=2)), seed)
+
+
+def _fixed_layer(subject, clamp=None) -> LayerCase:
+    caps = subject.caps
+    hidden = caps.hidden_multiple * max(1, 128 // caps.hidden_multiple)
+    inter = caps.intermediate_multiple * max(1, 64 // caps.intermediate_multiple)
+    top_k = max(k for k in caps.top_k_values if k <= 4)
+    return LayerCase(num_experts=subject.ep_size * max(2, -(-top_k // subject.ep_size)), hidden=hidden,
+                     intermediate=inter, top_k=top_k, capacity=caps.max_tokens_per_rank, clamp_limit=clamp,
+                     weight_seed=1234)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS)
+def test_adversarial_pattern(subject, pattern):
+    """Each adversarial input once, deterministically, whatever hypothesis happens to draw."""
+    if pattern in ("all_remote", "cross_rank") and subject.ep_size == 1:
+        pytest.skip(f"pattern {pattern!r} needs EP > 1")
+    if pattern in ("masked", "cross_rank") and not subject.caps.supports_masked_ids:
+        pytest.skip(f"{subject.spec} does not accept masked (-1) expert ids")
+    method = "DeepSeekV3" if pattern == "underflow" else "Renormalize"
+    tokens = tuple(min(subject.caps.max_tokens_per_rank, 5 + 3 * r) for r in range(subject.ep_size))
+    batch = BatchCase(tokens=tokens, seed=99, method=method, pattern=pattern, bias_scale=1.0 if method == "DeepSeekV3" else 0.0)
+    check_oracle(subject, Scenario(_fixed_layer(subject), (batch,), subject.ep_size, (pattern,)))
+
+
+def test_clamp_is_applied(subject):
+    if not subject.caps.recipe.clamp_supported:
+        pytest.skip(f"{subject.spec} has no clamp (recipe {subject.caps.recipe.name})")
+    tokens = tuple(min(subject.caps.max_tokens_per_rank, 8) for _ in range(subject.ep_size))
+    batch = BatchCase(tokens=tokens, seed=5, input_scale=4.0)
+    check_oracle(subject, Scenario(_fixed_layer(subject, clamp=0.5), (batch,), subject.ep_size, ("clamp-active",)))
+
+
+def test_idle_step_then_busy_then_smaller(subject):
+    """Zero tokens on every rank, a full batch, then a smaller one with masked rows (stale-row trap)."""
+    cap = subject.caps.max_tokens_per_rank
+    idle = BatchCase(tokens=(0,) * subject.ep_size, seed=1)
+    busy = BatchCase(tokens=(cap,) * subject.ep_size, seed=2)
+    smaller = BatchCase(tokens=tuple(max(1, cap // (r + 2)) for r in range(subject.ep_size)), seed=3,
+                        pattern="masked" if subject.caps.supports_masked_ids else "random")
+    uneven = dataclasses.replace(busy, tokens=tuple(0 if r % 2 else cap for r in range(subject.ep_size)), seed=4)
+    check_oracle(subject, Scenario(_fixed_layer(subject), (idle, busy, smaller, uneven), subject.ep_size, ("sequence",)))

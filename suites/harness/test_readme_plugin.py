@@ -1,0 +1,49 @@
+"""The plugin example in README.md works as printed: loaded by import path it passes the oracle check,
+and the same code with gate and up swapped fails it."""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from fixtures.checks import ConformanceFailure, Subject, check_oracle
+from fixtures.dist.pool import close_all
+from fixtures.impl import load
+from fixtures.problem import BatchCase, LayerCase, Scenario
+
+pytestmark = [pytest.mark.harness, pytest.mark.cpu]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def plugin_package(tmp_path, monkeypatch):
+    blocks = re.findall(r"```python\n(# my_kernels/plugin.py\n.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert len(blocks) == 1, "README.md must hold exactly one plugin example"
+    code = blocks[0]
+    assert "g, u = " in code
+    package = tmp_path / "my_kernels"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "plugin.py").write_text(code)
+    (package / "swapped.py").write_text(code.replace("g, u = ", "u, g = "))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{ROOT}")
+    close_all()  # fresh pools inherit the PYTHONPATH that holds the plugin
+    yield "my_kernels"
+    close_all()
+    for name in ("my_kernels.plugin", "my_kernels.swapped", "my_kernels"):
+        sys.modules.pop(name, None)
+
+
+def test_readme_plugin_passes_and_a_broken_copy_fails(plugin_package):
+    layer = LayerCase(num_experts=4, hidden=32, intermediate=16, top_k=2, capacity=8, weight_seed=5)
+    batches = (BatchCase(tokens=(6,), seed=2), BatchCase(tokens=(3,), seed=3, pattern="masked"),
+               BatchCase(tokens=(5,), seed=4, method="DeepSeekV3", routed_scaling_factor=2.5, bias_scale=1.0))
+    scenario = Scenario(layer, batches, 1)
+    good = f"{plugin_package}.plugin:factory"
+    check_oracle(Subject(good, load(good), 1), scenario)
+    bad = f"{plugin_package}.swapped:factory"
+    with pytest.raises(ConformanceFailure, match=r"\[oracle\].*swapped"):
+        check_oracle(Subject(bad, load(bad), 1), scenario)
