@@ -7,8 +7,8 @@ Experts are sharded contiguously: global expert g lives on rank ``g // E_local``
    and lay them out in global order (rank 0's tokens first);
 2. each rank computes the terms of its own experts for every global route (``reference.moe.moe_terms``:
    the same per-expert GEMMs on the same rows as the single-process reference);
-3. an all-reduce (sum) delivers every route's term to every rank: each (token, slot) has exactly one
-   owner, so the sum adds zeros only and is exact;
+3. an all-to-all returns to each rank the terms of its own tokens from every rank; each (token, slot)
+   has exactly one owner, so summing over the sources adds zeros only and is exact;
 4. each rank combines the terms of its own tokens in slot order.
 
 Its output is therefore bitwise equal, in fp32, to the rank's slice of the single-process reference,
@@ -74,10 +74,13 @@ def ep_moe_forward(
 
     offset = rank * local_weights.num_experts
     terms = moe_terms(x_glob, ids_glob, w_glob, local_weights, recipe, expert_offset=offset)
-    if terms.numel():
-        dist.all_reduce(terms, op=dist.ReduceOp.SUM, group=group)
-    start = sum(counts[:rank])
-    return combine_terms(terms[start:start + tokens], recipe)
+    received = torch.empty((world * tokens, *terms.shape[1:]), dtype=terms.dtype, device=device)
+    dist.all_to_all_single(received, terms, output_split_sizes=[tokens] * world,
+                           input_split_sizes=counts, group=group)
+    mine = torch.zeros((tokens, *terms.shape[1:]), dtype=terms.dtype, device=device)
+    for source in range(world):
+        mine += received[source * tokens:(source + 1) * tokens]  # one owner per route: exact
+    return combine_terms(mine, recipe)
 
 
 def ep_prepare(w13: torch.Tensor, w2: torch.Tensor, recipe: Recipe, rank: int, world_size: int) -> PreparedWeights:

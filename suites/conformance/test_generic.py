@@ -14,8 +14,15 @@ from hypothesis import strategies as st
 from fixtures import results
 from fixtures.checks import (check_oracle, check_permutation, check_relabel, check_repeat_determinism,
                              check_textbook)
+from fixtures.geometries import MODELS, fits, layer_pool, model_layer
 from fixtures.problem import PATTERNS, BatchCase, LayerCase, Scenario
-from fixtures.strategies import scenarios
+from fixtures.strategies import batch_cases, scenarios
+
+
+def drawn(subject, data, **kw):
+    """A scenario inside the subject's capabilities; GPU subjects reuse a small pool of layers."""
+    layers = layer_pool(subject.caps, subject.ep_size) if subject.caps.device == "cuda" else None
+    return data.draw(scenarios(subject.caps, subject.ep_size, layers=layers, **kw), label="scenario")
 
 
 def _record(subject, scenario, check, started):
@@ -25,7 +32,7 @@ def _record(subject, scenario, check, started):
 
 @given(data=st.data())
 def test_matches_reference(subject, data):
-    scenario = data.draw(scenarios(subject.caps, subject.ep_size), label="scenario")
+    scenario = drawn(subject, data)
     started = time.monotonic()
     run = check_oracle(subject, scenario)
     check_textbook(subject, scenario, run)
@@ -36,17 +43,17 @@ def test_matches_reference(subject, data):
 def test_repeat_is_bitwise_deterministic(subject, data):
     if not subject.caps.deterministic:
         pytest.skip(f"{subject.spec} does not promise bitwise repeat determinism")
-    check_repeat_determinism(subject, data.draw(scenarios(subject.caps, subject.ep_size, max_batches=1)))
+    check_repeat_determinism(subject, drawn(subject, data, max_batches=1))
 
 
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_token_permutation_equivariance(subject, data, seed):
-    check_permutation(subject, data.draw(scenarios(subject.caps, subject.ep_size, max_batches=1)), seed)
+    check_permutation(subject, drawn(subject, data, max_batches=1), seed)
 
 
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_expert_relabeling_invariance(subject, data, seed):
-    check_relabel(subject, data.draw(scenarios(subject.caps, subject.ep_size, max_batches=2)), seed)
+    check_relabel(subject, drawn(subject, data, max_batches=2), seed)
 
 
 def _fixed_layer(subject, clamp=None) -> LayerCase:
@@ -89,3 +96,22 @@ def test_idle_step_then_busy_then_smaller(subject):
                         pattern="masked" if subject.caps.supports_masked_ids else "random")
     uneven = dataclasses.replace(busy, tokens=tuple(0 if r % 2 else cap for r in range(subject.ep_size)), seed=4)
     check_oracle(subject, Scenario(_fixed_layer(subject), (idle, busy, smaller, uneven), subject.ep_size, ("sequence",)))
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+@given(data=st.data())
+def test_model_geometry(subject, model, data):
+    """A real model's H, I, K, clamp and routing (experts scaled down), drawn batches through it."""
+    why = fits(model, subject.caps)
+    if why:
+        pytest.skip(f"{subject.spec} cannot run {model.name}: {why}")
+    # CPU: as few experts as the routing allows (the model's H and I already make each expert large)
+    layer = model_layer(model, subject.caps, subject.ep_size, max_experts=16 if subject.caps.device == "cuda" else 1)
+    caps = subject.caps if subject.caps.device == "cuda" else dataclasses.replace(subject.caps, max_tokens_per_rank=8)
+    batch = data.draw(batch_cases(caps, layer, subject.ep_size), label="batch")
+    groups = (model.n_group, model.topk_group) if model.n_group and layer.num_experts % model.n_group == 0 else (None, None)
+    batch = dataclasses.replace(batch, method=model.routing, n_group=groups[0], topk_group=groups[1],
+                                routed_scaling_factor=model.routed_scaling_factor,
+                                bias_scale=batch.bias_scale if model.routing == "DeepSeekV3" else 0.0,
+                                pattern=batch.pattern if batch.pattern != "underflow" or model.routing == "DeepSeekV3" else "random")
+    check_oracle(subject, Scenario(layer, (batch,), subject.ep_size, (model.name,)))
