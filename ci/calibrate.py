@@ -1,0 +1,95 @@
+"""Measure an implementation's error distribution against its recipe reference and the fp64 textbook.
+
+    python -m ci.calibrate --impl sm90_fp8_fp8_bf16_pull_cutedsl[blockwise] --batches 40 --json out.json
+
+For every drawn batch (on the implementation's GPU layer pool and the model geometries it admits) it
+records: global relative L2 and cosine against the recipe-emulating reference, the worst per-token
+relative error, the worst element error in units of the term-magnitude band (2^-8 * sum_k |term_k|),
+and the relative L2 against the textbook oracle. The tolerance in reference/recipes.py is set from the
+maxima with a margin, and the numbers are quoted in the recipe's reason and the validation log.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import torch
+
+from fixtures import checks
+from fixtures.compare import BAND_UNIT
+from fixtures.dist.pool import close_all
+from fixtures.geometries import MODELS, fits, layer_pool, model_layer
+from fixtures.impl import load
+from fixtures.problem import BatchCase, Scenario, make_batch, make_weights
+from reference.textbook import textbook_for_recipe
+
+METHODS = ("Renormalize", "DeepSeekV3", "Default", "Sigmoid", "SigmoidRenorm")
+
+
+def metrics(out: torch.Tensor, ref: torch.Tensor, term_mag: torch.Tensor) -> dict:
+    out, ref, mag = out.double(), ref.double(), term_mag.double()
+    diff = out - ref
+    ref_n = ref.norm().item()
+    row_rel = (diff.norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30))
+    band = diff.abs() / (BAND_UNIT * mag).clamp_min(1e-30)
+    band = torch.where(mag > 0, band, diff.abs() * 1e30)
+    return {"rel_l2": diff.norm().item() / ref_n if ref_n else 0.0,
+            "cosine": (out.flatten() @ ref.flatten()).item() / (out.norm().item() * ref_n) if ref_n and out.norm() else 1.0,
+            "row_rel_max": row_rel.max().item() if row_rel.numel() else 0.0,
+            "band_units_max": band.max().item() if band.numel() else 0.0}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="measure error distributions")
+    p.add_argument("--impl", required=True)
+    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--batches", type=int, default=30)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--json", default=None)
+    p.add_argument("--models", type=int, default=8, help="max experts for model geometries; 0 skips them")
+    a = p.parse_args(argv)
+    impl = load(a.impl)
+    subject = checks.Subject(a.impl, impl, a.ep)
+    layers = layer_pool(impl.capabilities, a.ep)
+    if a.models:
+        layers += [model_layer(m, impl.capabilities, a.ep, max_experts=a.models)
+                   for m in MODELS if not fits(m, impl.capabilities)]
+    rng = random.Random(0)
+    rows, started = [], time.monotonic()
+    try:
+        for layer in layers:
+            w13, w2 = make_weights(layer)
+            for n in range(max(1, a.batches // len(layers))):
+                method = "Llama4" if layer.top_k == 1 else rng.choice(METHODS)
+                tokens = (rng.randint(1, min(a.tokens, layer.capacity)),) * a.ep
+                scenario = Scenario(layer, (BatchCase(tokens=tokens, seed=rng.randrange(2**31), method=method,
+                                                      input_scale=rng.choice([1.0, 4.0])),), a.ep)
+                run = checks.run_scenario(subject, scenario)
+                exp = checks.expected(scenario, subject.recipe_for(scenario), checks.oracle_device(subject))[0]
+                got = torch.cat(run.outputs[0])
+                row = {"layer": [layer.hidden, layer.intermediate, layer.num_experts, layer.top_k, layer.clamp_limit],
+                       "tokens": sum(tokens), "method": method, **metrics(got, exp.ref, exp.term_mag)}
+                batch = make_batch(layer, scenario.batches[0], a.ep)
+                if batch.topk_ids.numel() <= 2048:
+                    tb = textbook_for_recipe(batch.hidden_states, batch.topk_ids, batch.topk_weights, w13, w2,
+                                             subject.recipe_for(scenario))
+                    row["textbook_rel_l2"] = ((got.double() - tb).norm() / tb.norm()).item()
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        close_all()
+    keys = ("rel_l2", "row_rel_max", "band_units_max", "textbook_rel_l2")
+    summary = {k: max(r.get(k, 0.0) for r in rows) for k in keys}
+    summary["cosine_min"] = min(r["cosine"] for r in rows)
+    summary.update(impl=a.impl, ep=a.ep, batches=len(rows), seconds=round(time.monotonic() - started, 1))
+    print("SUMMARY " + json.dumps(summary))
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"summary": summary, "rows": rows}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

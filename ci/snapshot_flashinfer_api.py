@@ -1,0 +1,83 @@
+"""Write (or diff) a snapshot of FlashInfer's public MegaMoE surface.
+
+    python -m ci.snapshot_flashinfer_api            # print the JSON for the installed flashinfer-python
+    python -m ci.snapshot_flashinfer_api --write    # update fixtures/flashinfer/api-<version>.json
+
+The snapshot is what suites/flashinfer/test_api_surface.py pins: registry names and deprecated aliases,
+each kernel config's fields (name, default, init, frozen), exported names, error class hierarchy and
+selected signatures. Run it after a FlashInfer upgrade and review the diff.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.metadata as md
+import inspect
+import json
+from pathlib import Path
+
+SNAPSHOT_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "flashinfer"
+SIGNATURES = ("MoEEpLayer", "BootstrapConfig", "FleetParams", "MegaConfig", "MoEEpTensors",
+              "validate_mega_fleet_params", "validate_mega_forward_inputs", "dummy_moe_weights")
+
+
+def _default(field) -> object:
+    if field.default is not dataclasses.MISSING:
+        value = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+        value = f"<factory {getattr(field.default_factory, '__name__', field.default_factory)}>"
+    else:
+        return "<required>"
+    return value if isinstance(value, (bool, int, float, str, type(None))) else repr(value)
+
+
+def snapshot() -> dict:
+    import flashinfer.moe_ep as fi
+    from flashinfer.moe_ep.core.kernel import registry
+
+    configs = {}
+    for name in sorted(n for n in dir(fi) if n.endswith("_MegaMoeConfig")):
+        cls = getattr(fi, name)
+        if cls.__name__ != name:
+            continue
+        params = getattr(cls, "__dataclass_params__", None)
+        configs[name] = {
+            "kernel_name": next((f.default for f in dataclasses.fields(cls) if f.name == "kernel_name"), None),
+            "frozen": bool(params and params.frozen),
+            "fields": [[f.name, _default(f), f.init] for f in dataclasses.fields(cls)],
+        }
+    deprecated_configs = {n: getattr(fi, n).__name__ for n in sorted(dir(fi))
+                          if n.endswith("MegaMoeConfig") and isinstance(getattr(fi, n), type)
+                          and getattr(fi, n).__name__ != n}
+    return {
+        "flashinfer_version": md.version("flashinfer-python"),
+        "mega_kernels": sorted(registry._available_mega_kernels()),
+        "deprecated_kernel_aliases": dict(sorted(registry._MEGA_KERNEL_DEPRECATED_ALIASES.items())),
+        "kernel_configs": configs,
+        "deprecated_config_classes": deprecated_configs,
+        "exports": sorted(fi.__all__),
+        "errors": {n: [c.__name__ for c in getattr(fi, n).__mro__[1:3]] for n in ("MoEEpConfigError", "MoEEpArchError")},
+        "signatures": {n: str(inspect.signature(getattr(fi, n))) for n in SIGNATURES},
+    }
+
+
+def snapshot_path(version: str) -> Path:
+    return SNAPSHOT_DIR / f"api-{version}.json"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="snapshot FlashInfer's MegaMoE API")
+    p.add_argument("--write", action="store_true")
+    a = p.parse_args(argv)
+    snap = snapshot()
+    text = json.dumps(snap, indent=1, sort_keys=True) + "\n"
+    if a.write:
+        snapshot_path(snap["flashinfer_version"]).write_text(text)
+        print(f"wrote {snapshot_path(snap['flashinfer_version'])}")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
