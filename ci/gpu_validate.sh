@@ -16,7 +16,7 @@ out="${OUT:-results/gpu-$(date +%Y%m%d-%H%M)}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export MOE_CASE_TIMEOUT="${MOE_CASE_TIMEOUT:-420}" MOE_MAX_POOLS="${MOE_MAX_POOLS:-1}"
-SM90="sm90_fp8_fp8_bf16_pull_cutedsl[blockwise] sm90_bf16_bf16_bf16_push_cake sm90_fp8_fp8_bf16_push_cuda sm90_fp8_fp8_bf16_pull_cutedsl[per_tensor]"
+SM90="${SM90_IMPLS:-sm90_fp8_fp8_bf16_pull_cutedsl[blockwise] sm90_bf16_bf16_bf16_push_cake sm90_fp8_fp8_bf16_push_cuda sm90_fp8_fp8_bf16_pull_cutedsl[per_tensor]}"
 stamp() { echo "=== $(date -u +%FT%TZ) $*"; }
 
 for phase in "$@"; do

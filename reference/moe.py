@@ -94,8 +94,9 @@ def _clamp(gate, up, recipe: Recipe):
     return gate, up
 
 
-def _expert_rows(a, w, expert_w13, expert_w2, recipe: Recipe):
-    """FC1 -> clamp -> SwiGLU -> FC2 for the rows ``a`` [n, H] routed to one expert; returns terms [n, H]."""
+def _expert_rows(a, w, expert_w13, expert_w2, recipe: Recipe, magnitude: bool = False):
+    """FC1 -> clamp -> SwiGLU -> FC2 for the rows ``a`` [n, H] routed to one expert; returns terms [n, H]
+    (and, with ``magnitude``, the absolute FC2 product magnitude |s| @ |W2|^T, scaled like the term)."""
     h = torch.mm(a, expert_w13.t())
     if recipe.fc1_out_bf16:
         h = h.to(torch.bfloat16).float()
@@ -108,9 +109,12 @@ def _expert_rows(a, w, expert_w13, expert_w2, recipe: Recipe):
         s = s.to(torch.bfloat16).float()
     s = recipe.fc2_in.round_trip(s)
     y = torch.mm(s, expert_w2.t())
+    mag = torch.mm(s.abs(), expert_w2.abs().t()) if magnitude else None
     if recipe.placement == "combine":
         y = y * w[:, None]
-    return recipe.combine_wire.round_trip(y)
+        mag = mag * w.abs()[:, None] if magnitude else None
+    y = recipe.combine_wire.round_trip(y)
+    return (y, mag) if magnitude else y
 
 
 def moe_terms(
@@ -122,11 +126,15 @@ def moe_terms(
     *,
     expert_offset: int = 0,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
-) -> torch.Tensor:
+    with_magnitude: bool = False,
+):
     """Per-route contributions ``terms [T, K, H]`` (fp32) of the experts held in ``weights``.
 
     ``weights`` hold experts ``expert_offset .. expert_offset + E_local - 1``; slots routed elsewhere
     (or masked with -1) get a zero term. ``sum_k terms[:, k]`` is the MoE output when all experts are held.
+    With ``with_magnitude`` it returns ``(terms, magnitudes)``: per route, the sum of the absolute
+    products inside the FC2 GEMM, the scale that bounds a kernel's legitimate rounding differences
+    (a term that nearly cancels inside its GEMM is no smaller in error than its products).
     """
     tokens, top_k = topk_ids.shape
     hidden = hidden_states.shape[1]
@@ -137,8 +145,10 @@ def moe_terms(
         raise ValueError(f"hidden size {hidden} does not match w13 {tuple(weights.w13.shape)}")
     device = weights.w13.device
     terms = torch.zeros(tokens * top_k, hidden, dtype=torch.float32, device=device)
+    mags = torch.zeros_like(terms) if with_magnitude else None
     if tokens == 0:
-        return terms.view(tokens, top_k, hidden)
+        return (terms.view(tokens, top_k, hidden), mags.view(tokens, top_k, hidden)) if with_magnitude \
+            else terms.view(tokens, top_k, hidden)
     x = hidden_states.to(device).float()
     flat_w = topk_weights.to(device).float().reshape(-1)
     local = topk_ids.to(device).reshape(-1).long() - expert_offset
@@ -160,8 +170,14 @@ def moe_terms(
                 a = recipe.act.round_trip(x[token] * w[:, None])
             else:
                 a = x_act[token]
-            terms[chunk] = _expert_rows(a, w, weights.w13[expert], weights.w2[expert], recipe)
+            rows_out = _expert_rows(a, w, weights.w13[expert], weights.w2[expert], recipe, with_magnitude)
+            if with_magnitude:
+                terms[chunk], mags[chunk] = rows_out
+            else:
+                terms[chunk] = rows_out
         start += count
+    if with_magnitude:
+        return terms.view(tokens, top_k, hidden), mags.view(tokens, top_k, hidden)
     return terms.view(tokens, top_k, hidden)
 
 

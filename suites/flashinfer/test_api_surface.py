@@ -1,0 +1,129 @@
+"""FlashInfer's public MegaMoE surface, pinned on CPU: an upgrade shows up as a readable diff.
+
+The pinned snapshot (fixtures/flashinfer/api-<version>.json) is written by
+``python -m ci.snapshot_flashinfer_api --write``; behaviours the catalogue documents are asserted here
+by hand, independently of the snapshot.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+
+import pytest
+import torch
+
+from ci.snapshot_flashinfer_api import snapshot, snapshot_path
+from fixtures.flashinfer.descriptors import DESCRIPTORS
+
+pytestmark = [pytest.mark.api, pytest.mark.cpu]
+
+
+def test_public_surface_matches_the_pinned_snapshot():
+    live = snapshot()
+    path = snapshot_path(live["flashinfer_version"])
+    if not path.exists():
+        pytest.fail(f"no pinned API snapshot for flashinfer-python {live['flashinfer_version']}: review and "
+                    f"run `python -m ci.snapshot_flashinfer_api --write` ({path})")
+    pinned = json.loads(path.read_text())
+    if live != pinned:
+        diff = difflib.unified_diff(json.dumps(pinned, indent=1, sort_keys=True).splitlines(),
+                                    json.dumps(live, indent=1, sort_keys=True).splitlines(),
+                                    "pinned", "installed", lineterm="", n=2)
+        pytest.fail("FlashInfer's MegaMoE API changed:\n" + "\n".join(list(diff)[:200]))
+
+
+def test_pull_config_defaults_match_the_catalogue():
+    import dataclasses
+
+    import flashinfer.moe_ep as fi
+    defaults = {f.name: f.default for f in dataclasses.fields(fi.Sm90_Fp8_Fp8_Bf16_PullCutedsl_MegaMoeConfig)}
+    # catalogue §3.1 item 4
+    assert defaults["kind"] == "fp8_e4m3" and defaults["fp8_scale_mode"] == "per_tensor"
+    assert defaults["fp8_accum_mode"] == "1xacc" and defaults["active_dispatch_warps"] == 1
+    assert defaults["compact_pull_buffer"] is True and defaults["dedup_dispatch"] is False
+    assert defaults["fc1_activation_dequant_scale"] == 1.0 and defaults["fc2_activation_dequant_scale"] == 1.0
+
+
+def test_error_classes():
+    import flashinfer.moe_ep as fi
+    assert issubclass(fi.MoEEpConfigError, ValueError)
+    assert issubclass(fi.MoEEpArchError, fi.MoEEpConfigError)
+
+
+def test_weight_pack_factory():
+    import flashinfer.moe_ep as fi
+    w13, w2 = torch.zeros(2, 8, 4), torch.zeros(2, 4, 4)
+    assert isinstance(fi.MoEWeightPack(w13, w2), fi.UnquantizedMoEWeights)
+    scales = torch.ones(2, 1, 1)
+    assert isinstance(fi.MoEWeightPack(w13, w2, w13_scale=scales, w2_scale=scales), fi.PrequantizedMoEWeights)
+    with pytest.raises(ValueError):
+        fi.MoEWeightPack(w13, w2, w13_scale=scales)
+    with pytest.raises(TypeError):
+        fi.MoEWeightPack(w13=None, w2=w2)
+
+
+@pytest.mark.parametrize("hidden, inter, match", [
+    (200, 256, "multiple of"),   # H misaligned
+    (256, 200, "multiple of"),   # I misaligned
+])
+def test_fleet_validation_rejects_misaligned_geometry(hidden, inter, match):
+    import flashinfer.moe_ep as fi
+    fleet = fi.FleetParams(num_experts=8, max_tokens_per_rank=16, token_hidden_size=hidden)
+    with pytest.raises(fi.MoEEpConfigError, match=match):
+        fi.validate_mega_fleet_params(fleet, 1, intermediate_size=inter, top_k=2)
+
+
+def test_fleet_validation_rejects_experts_not_divisible_by_world():
+    import flashinfer.moe_ep as fi
+    fleet = fi.FleetParams(num_experts=6, max_tokens_per_rank=16, token_hidden_size=256)
+    with pytest.raises(fi.MoEEpConfigError):
+        fi.validate_mega_fleet_params(fleet, 4, intermediate_size=256, top_k=2)
+
+
+@pytest.mark.xfail(strict=True, reason="FINDING (catalogue §1.5): validate_mega_fleet_params does not check "
+                                       "top_k <= num_experts although mega_layer.py claims it is validated at "
+                                       "init. Reproduce: validate_mega_fleet_params(FleetParams(4, 16, 256), 1, "
+                                       "intermediate_size=256, top_k=8) returns without error")
+def test_fleet_validation_rejects_top_k_above_expert_count():
+    import flashinfer.moe_ep as fi
+    fleet = fi.FleetParams(num_experts=4, max_tokens_per_rank=16, token_hidden_size=256)
+    with pytest.raises(fi.MoEEpConfigError):
+        fi.validate_mega_fleet_params(fleet, 1, intermediate_size=256, top_k=8)
+
+
+def test_forward_input_validation():
+    import flashinfer.moe_ep as fi
+    fleet = fi.FleetParams(num_experts=8, max_tokens_per_rank=4, token_hidden_size=256)
+    x, ids, w = torch.zeros(5, 256), torch.zeros(5, 2, dtype=torch.long), torch.zeros(5, 2)
+    with pytest.raises(fi.MoEEpConfigError):  # T above capacity
+        fi.validate_mega_forward_inputs(x, ids, w, fleet, top_k=2, quantize_input=True)
+    with pytest.raises(fi.MoEEpConfigError):  # ids shape != (T, top_k)
+        fi.validate_mega_forward_inputs(x[:4], ids[:4, :1], w[:4], fleet, top_k=2, quantize_input=True)
+
+
+def test_bare_kernel_config_is_refused_by_the_layer_factory():
+    import flashinfer.moe_ep as fi
+    config = fi.Sm90_Fp8_Fp8_Bf16_PullCutedsl_MegaMoeConfig(intermediate_size=128, top_k=2)
+    with pytest.raises(TypeError, match="MegaConfig"):
+        fi.MoEEpLayer(fi.BootstrapConfig(1, 0, auto_bootstrap=False), fi.FleetParams(8, 16, 256),
+                      fi.MoEWeightPack(torch.zeros(8, 256, 256, dtype=torch.bfloat16),
+                                       torch.zeros(8, 256, 128, dtype=torch.bfloat16)), backend=config)
+
+
+@pytest.mark.parametrize("d", [d for d in DESCRIPTORS if not d.variant or d.variant == "blockwise"],
+                         ids=lambda d: d.kernel_name)
+def test_layer_constructs_on_cpu_without_preprocessing(d):
+    """catalogue §8: with preprocess_weights=False, 14 of 15 layers construct on CPU (rank-major needs W=8)."""
+    import flashinfer.moe_ep as fi
+    cfg = getattr(fi, d.config_class)
+    kwargs = {} if d.exact_world_size else {"intermediate_size": 128, "top_k": 2}
+    pack = fi.MoEWeightPack(torch.zeros(8, 256, 256, dtype=torch.bfloat16), torch.zeros(8, 256, 128, dtype=torch.bfloat16))
+    backend = fi.MegaConfig(megakernel=cfg(**kwargs), preprocess_weights=False)
+    boot = fi.BootstrapConfig(1, 0, auto_bootstrap=False)
+    if d.exact_world_size:
+        with pytest.raises(fi.MoEEpConfigError, match=f"world_size={d.exact_world_size}"):
+            fi.MoEEpLayer(boot, fi.FleetParams(8, 16, 256), pack, backend=backend)
+        return
+    layer = fi.MoEEpLayer(boot, fi.FleetParams(8, 16, 256), pack, backend=backend)
+    assert isinstance(layer, fi.MoEEpMegaLayer)
+    layer.destroy()

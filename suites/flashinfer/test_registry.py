@@ -1,0 +1,53 @@
+"""Every registered MegaMoE kernel has a descriptor, every descriptor has a kernel, and aliases agree.
+
+A FlashInfer upgrade that adds, renames or drops a kernel fails here with the names to act on.
+"""
+from __future__ import annotations
+
+import pytest
+
+from fixtures.flashinfer.descriptors import DEPRECATED_ALIASES, DESCRIPTORS, KERNEL_NAMES
+
+pytestmark = [pytest.mark.api, pytest.mark.cpu]
+
+
+def _registry():
+    from flashinfer.moe_ep.core.kernel import registry
+    return registry
+
+
+def test_no_registered_kernel_is_unknown():
+    unknown = sorted(set(_registry()._available_mega_kernels()) - set(KERNEL_NAMES))
+    assert not unknown, (f"unknown backend(s) registered by the installed FlashInfer: {unknown}; add a descriptor "
+                         f"in fixtures/flashinfer/descriptors.py (arch, recipe, constraints, knobs, tolerance)")
+
+
+def test_no_descriptor_is_orphaned():
+    gone = sorted(set(KERNEL_NAMES) - set(_registry()._available_mega_kernels()))
+    assert not gone, f"descriptor(s) for kernels the installed FlashInfer no longer registers: {gone}"
+
+
+def test_deprecated_aliases_match():
+    assert dict(_registry()._MEGA_KERNEL_DEPRECATED_ALIASES) == DEPRECATED_ALIASES
+
+
+@pytest.mark.parametrize("d", DESCRIPTORS, ids=lambda d: d.impl_name)
+def test_descriptor_names_a_real_config_class_for_its_kernel(d):
+    import dataclasses
+
+    import flashinfer.moe_ep as fi
+    cls = getattr(fi, d.config_class)
+    default = {f.name: f.default for f in dataclasses.fields(cls)}.get("kernel_name")
+    assert default == d.kernel_name, f"{d.config_class}.kernel_name = {default!r}, descriptor says {d.kernel_name!r}"
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for key, _ in d.config:
+        assert key in fields, f"{d.impl_name}: config field {key!r} not in {d.config_class}"
+    if d.clamp_field:
+        assert d.clamp_field in fields, f"{d.impl_name}: clamp field {d.clamp_field!r} not in {d.config_class}"
+    for knob in d.knobs:
+        assert knob.name in fields, f"{d.impl_name}: knob {knob.name!r} not in {d.config_class}"
+
+
+def test_all_fifteen_kernels_of_0_7_2_have_descriptors():
+    # catalogue §0: 15 canonical kernels, 6 deprecated aliases
+    assert len(KERNEL_NAMES) == 15 and len(DEPRECATED_ALIASES) == 6
