@@ -15,7 +15,8 @@ source ~/gpu-env.sh
 out="${OUT:-results/gpu-$(date +%Y%m%d-%H%M)}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export MOE_CASE_TIMEOUT="${MOE_CASE_TIMEOUT:-420}" MOE_MAX_POOLS="${MOE_MAX_POOLS:-1}"
+export MOE_CASE_TIMEOUT="${MOE_CASE_TIMEOUT:-420}" MOE_MAX_POOLS="${MOE_MAX_POOLS:-1}" MOE_MAX_LAYERS="${MOE_MAX_LAYERS:-4}"
+export MOE_HYPOTHESIS_PROFILE="${MOE_HYPOTHESIS_PROFILE:-dev}"
 SM90="${SM90_IMPLS:-sm90_fp8_fp8_bf16_pull_cutedsl[blockwise] sm90_bf16_bf16_bf16_push_cake sm90_fp8_fp8_bf16_push_cuda sm90_fp8_fp8_bf16_pull_cutedsl[per_tensor]}"
 stamp() { echo "=== $(date -u +%FT%TZ) $*"; }
 
@@ -37,8 +38,8 @@ for phase in "$@"; do
     done ;;
   suite)
     stamp "pytest -m sm90 EP1" | tee -a "$out/suite.log"
-    timeout "${SUITE_TIMEOUT:-500}" python3 -m pytest suites -m "sm90" --impl all --ep "${SUITE_EP:-1}" \
-      -p no:cacheprovider --results-dir "$out" -q -rs ${SUITE_ARGS:-} 2>&1 | tail -n 400 >> "$out/suite.log"
+    timeout "${SUITE_TIMEOUT:-500}" python3 -m pytest suites -m "sm90" --impl "${SUITE_IMPLS:-all}" --ep "${SUITE_EP:-1}" \
+      -p no:cacheprovider --results-dir "$out" -q -rs --durations=15 ${SUITE_ARGS:-} 2>&1 | tail -n 400 >> "$out/suite.log"
     tail -n 30 "$out/suite.log" ;;
   ep)
     stamp "pytest -m 'sm90 and ep' EP2,4,8" | tee -a "$out/ep.log"

@@ -25,9 +25,10 @@ def drawn(subject, data, **kw):
     return data.draw(scenarios(subject.caps, subject.ep_size, layers=layers, **kw), label="scenario")
 
 
-def _record(subject, scenario, check, started):
+def _record(subject, scenario, check, started, metrics=()):
     results.record("cases", impl=subject.spec, ep=subject.ep_size, recipe=subject.caps.recipe.name,
-                   check=check, scenario=scenario.to_json(), seconds=round(time.monotonic() - started, 4))
+                   check=check, scenario=scenario.to_json(), seconds=round(time.monotonic() - started, 4),
+                   metrics=list(metrics))
 
 
 @given(data=st.data())
@@ -36,7 +37,7 @@ def test_matches_reference(subject, data):
     started = time.monotonic()
     run = check_oracle(subject, scenario)
     check_textbook(subject, scenario, run)
-    _record(subject, scenario, "oracle+textbook", started)
+    _record(subject, scenario, "oracle+textbook", started, run.metrics)
 
 
 @given(data=st.data())
@@ -114,4 +115,6 @@ def test_model_geometry(subject, model, data):
                                 routed_scaling_factor=model.routed_scaling_factor,
                                 bias_scale=batch.bias_scale if model.routing == "DeepSeekV3" else 0.0,
                                 pattern=batch.pattern if batch.pattern != "underflow" or model.routing == "DeepSeekV3" else "random")
-    check_oracle(subject, Scenario(layer, (batch,), subject.ep_size, (model.name,)))
+    started = time.monotonic()
+    scenario = Scenario(layer, (batch,), subject.ep_size, (model.name,))
+    _record(subject, scenario, f"model:{model.name}", started, check_oracle(subject, scenario).metrics)
