@@ -201,8 +201,9 @@ SM90_PUSH_FP8 = Recipe(
     clamp_supported=False, placement="combine", act_out_bf16=True,
     fc2_in=Quant("fp8", block=(1, 128)), combine_wire=Quant("fp8", block=(1, 128)),
     tolerance=dataclasses.replace(
-        _FP8_KERNEL_TOL, rel_l2=0.06, cosine=0.998, row_rel_l2=0.08, row_floor=0.006, band_c=16.0,
-        reason="measured on the H200 (2026-11-29, docs/validation): rel-L2 0.025-0.040 against this "
+        _FP8_KERNEL_TOL, rel_l2=0.06, cosine=0.998, row_rel_l2=0.08, row_floor=0.006, band_c=24.0,
+        reason="measured on the H200 (2026-11-29, docs/validation): rel-L2 0.013-0.040, worst token 0.054, "
+               "worst element 14.3 band units over 18 batches, against this "
                "recipe, with the fp8 or the bf16 combine wire alike, while the pull kernel matches its "
                "recipe to 0.003-0.007: a step of push_cuda's numerics is not yet emulated (open finding "
                "in docs/validation). Bound = FlashInfer's own push-test contract scaled down "
