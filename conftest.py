@@ -28,7 +28,10 @@ settings.register_profile("dev", max_examples=10, **_COMMON)
 settings.register_profile("ci", max_examples=15, derandomize=True, database=None, **_COMMON)
 settings.register_profile("nightly", max_examples=200, **_COMMON)
 settings.register_profile("repro", max_examples=1, phases=[Phase.explicit], **_COMMON)
-settings.load_profile(os.environ.get("MOE_HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+_UNDER_TORCHRUN = "TORCHELASTIC_RUN_ID" in os.environ and "MOE_POOL_ADDR" not in os.environ
+# Under `torchrun -m pytest` every rank must draw the same cases: derandomized profile only.
+settings.load_profile("ci" if _UNDER_TORCHRUN else
+                      os.environ.get("MOE_HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 DEFAULT_IMPLS = "reference-ep"
 DEFAULT_EP = "1,2,4,8"
@@ -115,7 +118,9 @@ def subject_params(config) -> list:
             if ep > 1:
                 marks.append(pytest.mark.ep)
             reason = None
-            if ep not in caps.ep_sizes:
+            if _UNDER_TORCHRUN and ep != int(os.environ["WORLD_SIZE"]):
+                reason = f"launched by torchrun with WORLD_SIZE={os.environ['WORLD_SIZE']}: only EP{os.environ['WORLD_SIZE']} runs"
+            elif ep not in caps.ep_sizes:
                 reason = f"{spec} does not support EP{ep} (supports {caps.ep_sizes})"
             elif caps.arch in arch.ARCH_MARKERS and ep > 1 and not caps.ranks_share_device \
                     and arch.gpu_count(caps.arch) < ep:

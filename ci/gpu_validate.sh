@@ -5,7 +5,7 @@
 #   calibrate  error distributions of each SM90 backend against its recipe (ci/calibrate.py)
 #   suite      pytest -m sm90 at EP1, then the shared-GPU EP sizes of the pull kernel
 #   faults     faulty wrappers around real SM90 layers must each be caught
-#   bench      cases per minute per SM90 backend (ci/bench_gpu.py)
+#   bench      cases per minute per SM90 backend (ci/bench_cases.py)
 #   jit        pack the FlashInfer JIT cache for the next fresh host
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,7 +53,7 @@ for phase in "$@"; do
     tail -n 20 "$out/faults.log" ;;
   bench)
     stamp bench | tee -a "$out/bench.log"
-    timeout "${BENCH_TIMEOUT:-300}" python3 -m ci.bench_gpu --seconds "${BENCH_SECONDS:-30}" >> "$out/bench.log" 2>&1
+    timeout "${BENCH_TIMEOUT:-300}" python3 -m ci.bench_cases --seconds "${BENCH_SECONDS:-30}" >> "$out/bench.log" 2>&1
     tail -n 12 "$out/bench.log" ;;
   jit)
     tar czf "$out/fi-jit.tgz" -C ~/.cache flashinfer && ls -la "$out/fi-jit.tgz" ;;

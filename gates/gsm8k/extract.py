@@ -32,9 +32,14 @@ def lm_eval_normalize(text: str) -> str:
     return text.strip().lower()
 
 
-def strict_match(text: str) -> str:
-    m = _STRICT.search(text)
+def _first_group(pattern: re.Pattern, text: str) -> str:
+    """lm-eval's regex filter with take_first: group 1 of the first match, or INVALID."""
+    m = pattern.search(text)
     return m.group(1).strip() if m else INVALID
+
+
+def strict_match(text: str) -> str:
+    return _first_group(_STRICT, text)
 
 
 def flexible_extract(text: str) -> str:
@@ -46,16 +51,15 @@ def flexible_extract(text: str) -> str:
 
 
 def cot_strict(text: str) -> str:
-    m = _COT_STRICT.search(text)
-    return m.group(1).strip() if m else INVALID
+    return _first_group(_COT_STRICT, text)
 
 
 def gold_number(answer: str) -> str:
     """The reference number of a GSM8K solution (after '####'), commas removed."""
-    m = _STRICT.search(answer)
-    if not m:
+    number = strict_match(answer)
+    if number == INVALID:
         raise ValueError(f"GSM8K solution without '#### <number>': {answer[-80:]!r}")
-    return m.group(1).replace(",", "").strip()
+    return number.replace(",", "")
 
 
 EXTRACTORS = {"last_integer": last_integer, "strict_match": strict_match,

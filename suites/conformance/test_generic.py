@@ -8,7 +8,7 @@ import dataclasses
 import time
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fixtures import results
@@ -100,6 +100,7 @@ def test_idle_step_then_busy_then_smaller(subject):
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
+@settings(max_examples=max(1, settings.default.max_examples // 3))  # real-model layers are large: fewer draws
 @given(data=st.data())
 def test_model_geometry(subject, model, data):
     """A real model's H, I, K, clamp and routing (experts scaled down), drawn batches through it."""

@@ -1,0 +1,77 @@
+"""Expert parallelism: the same global problem at every EP size, and ranks that go idle independently."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from fixtures import arch
+from fixtures.checks import Subject, check_oracle, expected, oracle_device, run_scenario
+from fixtures.compare import compare
+from fixtures.problem import BatchCase, LayerCase, Scenario
+from fixtures.strategies import SEEDS  # noqa: F401  (same seed space as the strategies)
+
+pytestmark = pytest.mark.ep
+
+
+def _sizes(config, impl) -> list[int]:
+    from conftest import selected_ep_sizes
+
+    caps = impl.capabilities
+    out = []
+    for ep in selected_ep_sizes(config):
+        shares = caps.ranks_share_device or caps.device == "cpu" or arch.gpu_count(caps.arch) >= ep
+        if ep in caps.ep_sizes and shares:
+            out.append(ep)
+    return out
+
+
+def test_same_global_problem_at_every_ep_size(subject, request):
+    """EP-size invariance: the global output does not depend on how experts and tokens are split.
+    Bitwise for implementations whose tolerance is bitwise (reference-ep: each route is computed on the
+    same rows by its owner and combined in slot order at every EP size); within tolerance otherwise."""
+    if subject.ep_size != 1:
+        pytest.skip("runs once per implementation, from its EP1 parameter")
+    sizes = _sizes(request.config, subject.impl)
+    if len(sizes) < 2:
+        pytest.skip(f"{subject.spec}: fewer than two runnable EP sizes among the selected ones ({sizes})")
+    caps = subject.caps
+    hidden = caps.hidden_multiple * max(1, 256 // caps.hidden_multiple)
+    inter = caps.intermediate_multiple * max(1, 128 // caps.intermediate_multiple)
+    layer = LayerCase(num_experts=8, hidden=hidden, intermediate=inter, top_k=min(4, max(caps.top_k_values)),
+                      capacity=caps.max_tokens_per_rank, clamp_limit=1.0 if caps.recipe.clamp_supported else None,
+                      weight_seed=2024)
+    total = 8 * min(8, caps.max_tokens_per_rank)
+    outputs = {}
+    for ep in sizes:
+        tokens = (total // ep,) * ep
+        scenario = Scenario(layer, (BatchCase(tokens=tokens, seed=7, method="DeepSeekV3", bias_scale=1.0,
+                                              routed_scaling_factor=2.5, pattern="masked"),), ep, ("ep-invariance",))
+        sub = Subject(subject.spec, subject.impl, ep)
+        outputs[ep] = torch.cat(check_oracle(sub, scenario).outputs[0])
+    mag = expected(scenario, subject.recipe_for(scenario), oracle_device(subject))[0].term_mag
+    base = sizes[0]
+    for ep in sizes[1:]:
+        verdict = compare(outputs[ep], outputs[base], mag, caps.effective_tolerance)
+        assert verdict.ok, (f"[ep-invariance] {subject.spec}: EP{ep} differs from EP{base} on the same global "
+                            f"problem: {'; '.join(verdict.violations)}")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ranks_go_idle_independently(subject, seed):
+    """FlashInfer PR #4531 seed: each rank coin-flips between zero tokens and a batch at every step."""
+    if subject.ep_size == 1:
+        pytest.skip("independent idle ranks need EP > 1")
+    rng = random.Random(seed)
+    cap = subject.caps.max_tokens_per_rank
+    steps = []
+    for step in range(6):
+        tokens = tuple(0 if rng.random() < 0.5 else rng.randint(1, cap) for _ in range(subject.ep_size))
+        steps.append(BatchCase(tokens=tokens, seed=100 * seed + step))
+    steps.append(BatchCase(tokens=(cap,) * subject.ep_size, seed=999))  # then every rank busy
+    caps = subject.caps
+    layer = LayerCase(num_experts=2 * subject.ep_size, hidden=caps.hidden_multiple * max(1, 128 // caps.hidden_multiple),
+                      intermediate=caps.intermediate_multiple * max(1, 64 // caps.intermediate_multiple),
+                      top_k=min(2, max(caps.top_k_values)), capacity=cap, weight_seed=seed)
+    check_oracle(subject, Scenario(layer, tuple(steps), subject.ep_size, ("idle-schedule",)))
