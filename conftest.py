@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 from fixtures import arch, results
 from fixtures.dist.pool import close_all
+from fixtures.selection import DEFAULT_EP, DEFAULT_IMPLS, selected_ep_sizes, selected_impls
 
 # Hypothesis profiles, in one place. Cases run on rank pools, so no per-example deadline.
 _COMMON = dict(deadline=None, print_blob=True,
@@ -33,8 +34,6 @@ _UNDER_TORCHRUN = "TORCHELASTIC_RUN_ID" in os.environ and "MOE_POOL_ADDR" not in
 settings.load_profile("ci" if _UNDER_TORCHRUN else
                       os.environ.get("MOE_HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
-DEFAULT_IMPLS = "reference-ep"
-DEFAULT_EP = "1,2,4,8"
 
 
 def pytest_addoption(parser):
@@ -45,22 +44,6 @@ def pytest_addoption(parser):
     group.addoption("--ep", default=None, help=f"EP sizes, comma-separated (env MOE_CONFORMANCE_EP; default {DEFAULT_EP})")
     group.addoption("--results-dir", default=os.environ.get("MOE_RESULTS_DIR", "results"),
                     help="where per-case JSON results are written (env MOE_RESULTS_DIR)")
-
-
-def selected_impls(config) -> list[str]:
-    """``all`` expands to every registered implementation except the meta-suite's faulty copies."""
-    from fixtures.impl import registered_names
-
-    raw = config.getoption("--impl") or [os.environ.get("MOE_CONFORMANCE_IMPL", DEFAULT_IMPLS)]
-    names = [name.strip() for item in raw for name in item.split(",") if name.strip()]
-    if "all" in names:
-        names = [n for n in registered_names() if not n.startswith("faulty:")] + [n for n in names if n != "all"]
-    return list(dict.fromkeys(names))
-
-
-def selected_ep_sizes(config) -> list[int]:
-    raw = config.getoption("--ep") or os.environ.get("MOE_CONFORMANCE_EP", DEFAULT_EP)
-    return [int(x) for x in raw.split(",") if x.strip()]
 
 
 def pytest_configure(config):

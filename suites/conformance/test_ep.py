@@ -7,17 +7,15 @@ import pytest
 import torch
 
 from fixtures import arch
-from fixtures.checks import Subject, check_oracle, expected, oracle_device, run_scenario
+from fixtures.checks import Subject, check_oracle, expected, oracle_device
 from fixtures.compare import compare
 from fixtures.problem import BatchCase, LayerCase, Scenario
-from fixtures.strategies import SEEDS  # noqa: F401  (same seed space as the strategies)
+from fixtures.selection import selected_ep_sizes
 
 pytestmark = pytest.mark.ep
 
 
 def _sizes(config, impl) -> list[int]:
-    from conftest import selected_ep_sizes
-
     caps = impl.capabilities
     out = []
     for ep in selected_ep_sizes(config):
