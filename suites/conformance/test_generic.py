@@ -54,7 +54,7 @@ def test_token_permutation_equivariance(subject, data, seed):
 
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_expert_relabeling_invariance(subject, data, seed):
-    check_relabel(subject, drawn(subject, data, max_batches=2), seed)
+    check_relabel(subject, drawn(subject, data, max_batches=1), seed)
 
 
 def _fixed_layer(subject, clamp=None) -> LayerCase:
