@@ -109,6 +109,8 @@ def _expert_rows(a, w, expert_w13, expert_w2, recipe: Recipe, magnitude: bool = 
         s = s.to(torch.bfloat16).float()
     s = recipe.fc2_in.round_trip(s)
     y = torch.mm(s, expert_w2.t())
+    if recipe.fc2_out_bf16:
+        y = y.to(torch.bfloat16).float()
     mag = torch.mm(s.abs(), expert_w2.abs().t()) if magnitude else None
     if recipe.placement == "combine":
         y = y * w[:, None]

@@ -116,7 +116,7 @@ class Recipe:
       s = u * g * sigmoid(g)                (SwiGLU in fp32)
       s = w * s  if placement ``before_fc2_quant``
       s = bf16(s) if ``act_out_bf16``; s = ``fc2_in``(s)
-      y = W2q[e] @ s  in fp32
+      y = W2q[e] @ s  in fp32;  y = bf16(y) if ``fc2_out_bf16``
       y = w * y  if placement ``combine``;  y = ``combine_wire``(y)
     out_t = sum over k (in slot order) of y, accumulated in ``accum``.
     """
@@ -133,6 +133,7 @@ class Recipe:
     placement: str = "combine"
     act_out_bf16: bool = False
     fc2_in: Quant = NONE
+    fc2_out_bf16: bool = False
     combine_wire: Quant = NONE
     accum: str = "fp32"
     tolerance: Tolerance = BITWISE
@@ -197,9 +198,9 @@ SM90_PULL_FP8_PER_TENSOR = Recipe(
 SM90_PUSH_FP8 = Recipe(
     name="sm90_push_fp8",
     act=Quant("fp8", block=(1, 128)),
-    weight=Quant("fp8", block=(128, 128)), w13_stripe=None,
+    weight=Quant("fp8", block=(128, 128)), w13_stripe=None, fc1_out_bf16=True,
     clamp_supported=False, placement="combine", act_out_bf16=True,
-    fc2_in=Quant("fp8", block=(1, 128)), combine_wire=Quant("fp8", block=(1, 128)),
+    fc2_in=Quant("fp8", block=(1, 128)), fc2_out_bf16=True, combine_wire=Quant("fp8", block=(1, 128)),
     tolerance=dataclasses.replace(
         _FP8_KERNEL_TOL, rel_l2=0.06, cosine=0.998, row_rel_l2=0.08, row_floor=0.006, band_c=24.0,
         reason="measured on the H200 (2026-11-29, docs/validation): rel-L2 0.013-0.040, worst token 0.054, "
@@ -209,7 +210,9 @@ SM90_PUSH_FP8 = Recipe(
                "in docs/validation). Bound = FlashInfer's own push-test contract scaled down "
                "(they accept cos > 0.997, rel_rms < 0.10)"),
     source="catalogue §3.2 (1x128 act at the source, 128x128 weights in canonical order, silu(g)*u "
-           "rounded to bf16 then 1x128 fp8, weight at the combine, fp8 combine wire); no clamp")
+           "rounded to bf16 then 1x128 fp8, weight at the combine, fp8 combine wire); no clamp. FC1 and FC2 "
+           "outputs are bf16 tensors (h, y in src/a2a/sm90_push_a2a_ops.cu silu_mul_quant_grouped_kernel and "
+           "combine_publish_*_kernel), read after the 2026-11-29 H200 run: not yet re-measured")
 
 SM90_PUSH_CAKE_BF16 = Recipe(
     name="sm90_push_cake_bf16",
