@@ -18,6 +18,7 @@ import torch
 from hypothesis import HealthCheck, Phase, settings
 
 from fixtures import arch, results
+from fixtures.dist.inprocess import launched_by_torchrun
 from fixtures.dist.pool import close_all
 from fixtures.selection import DEFAULT_EP, DEFAULT_IMPLS, selected_ep_sizes, selected_impls
 
@@ -29,7 +30,7 @@ settings.register_profile("dev", max_examples=10, **_COMMON)
 settings.register_profile("ci", max_examples=10, derandomize=True, database=None, **_COMMON)
 settings.register_profile("nightly", max_examples=200, **_COMMON)
 settings.register_profile("repro", max_examples=1, phases=[Phase.explicit], **_COMMON)
-_UNDER_TORCHRUN = "TORCHELASTIC_RUN_ID" in os.environ and "MOE_POOL_ADDR" not in os.environ
+_UNDER_TORCHRUN = launched_by_torchrun()
 # Under `torchrun -m pytest` every rank must draw the same cases: derandomized profile only.
 settings.load_profile("ci" if _UNDER_TORCHRUN else
                       os.environ.get("MOE_HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
