@@ -3,8 +3,8 @@
 * ``--impl NAME|pkg.module:factory`` (repeatable, comma-separated; env ``MOE_CONFORMANCE_IMPL``):
   the implementations the generic suites test. Default: ``reference-ep``.
 * ``--ep 1,2,4,8`` (env ``MOE_CONFORMANCE_EP``): the EP sizes.
-* hypothesis profile: ``--hypothesis-profile dev|ci|nightly`` (env ``MOE_HYPOTHESIS_PROFILE``;
-  ``ci`` when ``CI`` is set, else ``dev``).
+* hypothesis profile: ``--hypothesis-profile dev|ci|nightly|device`` (env ``MOE_HYPOTHESIS_PROFILE``;
+  ``ci`` when ``CI`` is set, else ``dev``); ``MOE_HYPOTHESIS_EXAMPLES=N`` caps its examples.
 * markers ``sm90``/``sm100``/``sm107``/``sm120`` run only on a GPU of that arch and skip elsewhere,
   saying why.
 """
@@ -30,10 +30,18 @@ settings.register_profile("dev", max_examples=10, **_COMMON)
 settings.register_profile("ci", max_examples=10, derandomize=True, database=None, **_COMMON)
 settings.register_profile("nightly", max_examples=200, **_COMMON)
 settings.register_profile("repro", max_examples=1, phases=[Phase.explicit], **_COMMON)
+# A lent GPU for minutes: no shrinking (each shrink step rebuilds or reruns a GPU case); the first
+# failure is printed and also kept in <results-dir>/failures-*.jsonl with its reproduction line.
+settings.register_profile("device", max_examples=10, phases=[Phase.explicit, Phase.reuse, Phase.generate],
+                          report_multiple_bugs=False, **_COMMON)
 _UNDER_TORCHRUN = launched_by_torchrun()
 # Under `torchrun -m pytest` every rank must draw the same cases: derandomized profile only.
 settings.load_profile("ci" if _UNDER_TORCHRUN else
                       os.environ.get("MOE_HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
+if os.environ.get("MOE_HYPOTHESIS_EXAMPLES"):  # budgeted runs (a lent GPU): fewer draws, same profile otherwise
+    settings.register_profile("budget", parent=settings.default,
+                              max_examples=int(os.environ["MOE_HYPOTHESIS_EXAMPLES"]))
+    settings.load_profile("budget")
 
 
 

@@ -6,13 +6,16 @@
 #   suite      pytest -m sm90 at EP1, then the shared-GPU EP sizes of the pull kernel
 #   faults     faulty wrappers around real SM90 layers must each be caught
 #   bench      cases per minute per SM90 backend (ci/bench_cases.py)
+#   parallel   suite + flashinfer-specific tests + EP, as concurrent pytest processes sharing the GPU
+#              (one per SM90 backend at EP1, one for suites/flashinfer, two for EP1/2/4/8 of the pull
+#              kernel and the push kernels' skips); PAR_TIMEOUT bounds each; a table of outcomes last
 #   jit        pack the FlashInfer JIT cache for the next fresh host
 set -uo pipefail
 cd "$(dirname "$0")/.."
 test -f ~/gpu-env.sh || { echo FRESH-HOST; exit 3; }
 # shellcheck disable=SC1090
 source ~/gpu-env.sh
-out="${OUT:-results/gpu-$(date +%Y%m%d-%H%M)}"
+out="${VAL_DIR:-${OUT:-results/gpu-$(date +%Y%m%d-%H%M)}}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export MOE_CASE_TIMEOUT="${MOE_CASE_TIMEOUT:-420}" MOE_MAX_POOLS="${MOE_MAX_POOLS:-1}" MOE_MAX_LAYERS="${MOE_MAX_LAYERS:-4}"
@@ -55,6 +58,26 @@ for phase in "$@"; do
     stamp bench | tee -a "$out/bench.log"
     timeout "${BENCH_TIMEOUT:-300}" python3 -m ci.bench_cases --seconds "${BENCH_SECONDS:-30}" >> "$out/bench.log" 2>&1
     tail -n 12 "$out/bench.log" ;;
+  parallel)
+    stamp "parallel pytest processes" | tee -a "$out/parallel.log"
+    # name|pytest arguments (each process gets its own results dir and log)
+    jobs=()
+    for impl in $SM90; do
+      jobs+=("ep1-$(echo "$impl" | tr -c 'a-z0-9_\n' '_')|suites/conformance -m sm90 --impl $impl --ep 1")
+    done
+    jobs+=("flashinfer|suites/flashinfer -m sm90")
+    jobs+=("ep-pull-blockwise|suites/conformance -m ep --impl sm90_fp8_fp8_bf16_pull_cutedsl[blockwise],sm90_bf16_bf16_bf16_push_cake,sm90_fp8_fp8_bf16_push_cuda --ep ${PAR_EP:-1,2,4,8}")
+    jobs+=("ep-pull-per_tensor|suites/conformance -m ep --impl sm90_fp8_fp8_bf16_pull_cutedsl[per_tensor] --ep ${PAR_EP:-1,2,4,8}")
+    for job in "${jobs[@]}"; do
+      name="${job%%|*}"; args="${job#*|}"
+      # shellcheck disable=SC2086
+      ( set -f; start=$(date +%s)
+        timeout "${PAR_TIMEOUT:-480}" python3 -m pytest $args -p no:cacheprovider --results-dir "$out/$name" \
+          -q -rs -rx --durations=10 > "$out/$name.log" 2>&1
+        echo "$name exit $? after $(( $(date +%s) - start ))s: $(tail -n 1 "$out/$name.log")" >> "$out/parallel.log" ) &
+    done
+    wait
+    cat "$out/parallel.log" ;;
   jit)
     tar czf "$out/fi-jit.tgz" -C ~/.cache flashinfer && ls -la "$out/fi-jit.tgz" ;;
   *) echo "unknown phase $phase"; exit 2 ;;

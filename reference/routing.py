@@ -163,3 +163,46 @@ def route(
         ids = stable_topk(z, top_k)
         w = torch.sigmoid(z.gather(1, ids))
     return ids.to(torch.int64), (w * routed_scaling_factor).to(torch.float32)
+
+
+def decision_margin(
+    logits: torch.Tensor,
+    method: str,
+    top_k: int,
+    *,
+    bias: torch.Tensor | None = None,
+    n_group: int | None = None,
+    topk_group: int | None = None,
+) -> torch.Tensor:
+    """Per token, the smallest gap (fp64) between what routing keeps and what it drops.
+
+    Two gaps count: the K-th against the (K+1)-th selection score among the experts of the kept groups,
+    and, for grouped DeepSeekV3, the last kept against the first dropped group score. Where the margin
+    exceeds an implementation's rounding of those scores, the selection has one right answer whatever
+    its tie rule, so a kernel can be held to set equality. ``inf`` where nothing is dropped.
+    """
+    _validate(logits, method, top_k, bias, n_group, topk_group)
+    z = logits.double()
+    if method in ("Default", "RenormalizeNaive"):
+        score = torch.softmax(z, dim=-1)
+    elif method in ("Sigmoid", "SigmoidRenorm"):
+        score = torch.sigmoid(z)
+    elif method in BIASED_METHODS:
+        score = torch.sigmoid(z) + (0.0 if bias is None else bias.double())
+    else:  # ranked on the raw logits
+        score = z
+    tokens, num_experts = score.shape
+    margin = torch.full((tokens,), float("inf"), dtype=torch.float64, device=score.device)
+    if n_group is not None and n_group > 1:
+        per_group = num_experts // n_group
+        ranked = torch.sort(score.view(tokens, n_group, per_group), dim=-1, descending=True).values
+        group_score = torch.sort(ranked[..., :min(2, per_group)].sum(-1), dim=-1, descending=True).values
+        if topk_group < n_group:
+            margin = group_score[:, topk_group - 1] - group_score[:, topk_group]
+        score = score.masked_fill(~_group_mask(score, n_group, topk_group), float("-inf"))
+    ordered = torch.sort(score, dim=-1, descending=True).values
+    if top_k < num_experts:
+        gap = ordered[:, top_k - 1] - ordered[:, top_k]
+        margin = torch.minimum(margin, torch.where(torch.isinf(ordered[:, top_k]), float("inf"), gap))
+    return margin
+

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reference.routing import METHODS, route
+from reference.routing import METHODS, decision_margin, route
 
 pytestmark = pytest.mark.cpu
 
@@ -241,3 +241,36 @@ def test_non_finite_logits_raise():
     z[1, 2] = float("nan")
     with pytest.raises(ValueError, match="NaN or Inf"):
         route(z, "Renormalize", 2)
+
+
+# ------------------------------------------------------------------------------ decision margin
+
+def test_decision_margin_is_zero_at_a_tie_and_the_gap_otherwise():
+    z = torch.tensor([[5.0, 1.0, 0.0, 1.0], [5.0, 2.0, 0.5, 1.0]])
+    torch.testing.assert_close(decision_margin(z, "Renormalize", 2), torch.tensor([0.0, 1.0], dtype=torch.float64))
+    # a tie inside the kept set does not count: nothing at the boundary is ambiguous
+    assert decision_margin(torch.tensor([[3.0, 3.0, 0.0]]), "TopK", 2).item() == 3.0
+    assert decision_margin(torch.zeros(1, 4), "TopK", 4).item() == math.inf
+
+
+def test_decision_margin_sees_a_tie_between_groups():
+    # groups {0,1} and {2,3} score 0.5 + 0.5 each under sigmoid(0): the kept group is a tie
+    assert decision_margin(torch.zeros(1, 4), "DeepSeekV3", 1, n_group=2, topk_group=1).item() == 0.0
+
+
+@given(seed=st.integers(0, 2**31 - 1), method=st.sampled_from([m for m in METHODS if m != "Llama4"]))
+def test_a_positive_margin_makes_the_selection_independent_of_expert_order(seed, method):
+    """Reversing the expert order flips every tie; where the margin is positive, the set stays."""
+    gen = torch.Generator().manual_seed(seed)
+    z = torch.randint(-4, 5, (8, 16), generator=gen).float() / 2  # coarse grid: ties are common
+    kw = dict(bias=torch.randint(0, 3, (16,), generator=gen).float(), n_group=4, topk_group=2) \
+        if method == "DeepSeekV3" else {}
+    if method == "MiniMax2":
+        kw = dict(bias=torch.randint(0, 3, (16,), generator=gen).float())
+    ids, _ = route(z, method, 3, **kw)
+    flip = {k: v.flip(-1) if k == "bias" else v for k, v in kw.items()}
+    ids_rev, _ = route(z.flip(-1), method, 3, **flip)
+    same = torch.sort(ids, -1).values == torch.sort(15 - ids_rev, -1).values
+    margin = decision_margin(z, method, 3, **kw)
+    assert same.all(-1)[margin > 0].all(), "a token with a clear margin changed its experts under relabeling"
+

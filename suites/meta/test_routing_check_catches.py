@@ -1,0 +1,105 @@
+"""The routing-op check must catch a deliberately wrong router, on CPU, before it is trusted on a GPU.
+
+A fake op built from ``reference.routing`` (its weights rounded to the op's output dtype) stands in for
+the kernel; each fault below is one real way routing kernels go wrong. Each must fail on at least one
+of the fixed cases; the correct fake must pass all of them.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from fixtures.flashinfer import routing_check
+from fixtures.flashinfer.routing_check import RoutingCase
+from fixtures.flashinfer.routing_ops import BY_NAME
+from reference.routing import route, stable_topk
+
+pytestmark = [pytest.mark.meta, pytest.mark.cpu]
+
+OP = BY_NAME["fused_topk_deepseek"]  # the descriptor the cases are drawn for; the fake replaces its call
+BASE = RoutingCase(op=OP.name, method="DeepSeekV3", dtype="float32", tokens=64, experts=64, top_k=4,
+                   n_group=8, topk_group=4, routed_scaling_factor=2.5, biased=True, pattern="grid", seed=3)
+CASES = [BASE, dataclasses.replace(BASE, pattern="ties"), dataclasses.replace(BASE, pattern="underflow"),
+         dataclasses.replace(BASE, dtype="bfloat16", pattern="all_negative")]
+
+
+def _reference(logits, method, k, *, bias=None, n_group=None, topk_group=None, routed_scaling_factor=1.0):
+    return route(logits, method, k, bias=bias, n_group=n_group, topk_group=topk_group,
+                 routed_scaling_factor=routed_scaling_factor)
+
+
+def _largest_index_wins_ties(logits, method, k, *, bias=None, **kw):
+    e = logits.shape[1]
+    ids, w = _reference(logits.flip(-1), method, k, bias=None if bias is None else bias.flip(-1), **kw)
+    return e - 1 - ids, w
+
+
+def _rsf_dropped(logits, method, k, **kw):
+    ids, w = _reference(logits, method, k, **kw)
+    return ids, w / kw["routed_scaling_factor"]
+
+
+def _weights_from_biased_scores(logits, method, k, *, bias=None, **kw):
+    ids, _ = _reference(logits, method, k, bias=bias, **kw)
+    s = (torch.sigmoid(logits.float()) + bias.float()).gather(1, ids)
+    return ids, s / s.sum(-1, keepdim=True) * kw["routed_scaling_factor"]
+
+
+def _groups_ignored(logits, method, k, *, n_group=None, topk_group=None, **kw):
+    return _reference(logits, method, k, **kw)
+
+
+def _kth_expert_off_by_one(logits, method, k, *, bias=None, **kw):
+    ids, w = _reference(logits, method, k + 1, bias=bias, **kw)
+    return torch.cat([ids[:, : k - 1], ids[:, k:]], 1), w[:, :k]
+
+
+def _duplicate_slot(logits, method, k, **kw):
+    ids, w = _reference(logits, method, k, **kw)
+    ids[:, -1] = ids[:, 0]
+    return ids, w
+
+
+FAULTS = {
+    "largest index wins ties": _largest_index_wins_ties,
+    "routed scaling factor dropped": _rsf_dropped,
+    "weights from the biased scores": _weights_from_biased_scores,
+    "expert groups ignored": _groups_ignored,
+    "K-th expert replaced by the (K+1)-th": _kth_expert_off_by_one,
+    "an expert selected twice": _duplicate_slot,
+}
+
+
+def _as_op(router):
+    def fake_call(op, logits, method, top_k, **kw):
+        ids, w = router(logits.float(), method, top_k, **kw)
+        return ids.long(), w.to(logits.dtype).float()  # the op's output dtype
+    return fake_call
+
+
+@pytest.fixture(autouse=True)
+def _no_failure_records(monkeypatch):
+    """These failures are provoked on purpose: keep them out of <results-dir>/failures-*.jsonl."""
+    monkeypatch.setattr(routing_check.results, "record", lambda *a, **k: None)
+
+
+def test_the_correct_router_passes(monkeypatch):
+    monkeypatch.setattr(routing_check, "call", _as_op(_reference))
+    for case in CASES:
+        routing_check.check(case, "cpu")
+    assert stable_topk(torch.zeros(1, 4), 2).tolist() == [[0, 1]]  # the rule the ties case holds kernels to
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_a_wrong_router_is_caught(monkeypatch, fault):
+    monkeypatch.setattr(routing_check, "call", _as_op(FAULTS[fault]))
+    caught = []
+    for case in CASES:
+        try:
+            routing_check.check(case, "cpu")
+        except AssertionError as err:
+            assert "reproduce: python -m ci.repro_routing" in str(err)
+            caught.append(case.pattern)
+    assert caught, f"routing fault {fault!r} passed every case"
