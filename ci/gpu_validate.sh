@@ -7,7 +7,7 @@
 #   faults     faulty wrappers around real SM90 layers must each be caught
 #   bench      cases per minute per SM90 backend (ci/bench_cases.py)
 #   parallel   suite + flashinfer-specific tests + EP, as concurrent pytest processes sharing the GPU
-#              (one per SM90 backend at EP1, one for suites/flashinfer, two for EP1/2/4/8 of the pull
+#              (one per SM90 backend at EP1, two for suites/flashinfer, two for EP1/2/4/8 of the pull
 #              kernel and the push kernels' skips); PAR_TIMEOUT bounds each; a table of outcomes last
 #   jit        pack the FlashInfer JIT cache for the next fresh host
 set -uo pipefail
@@ -65,7 +65,8 @@ for phase in "$@"; do
     for impl in $SM90; do
       jobs+=("ep1-$(echo "$impl" | tr -c 'a-z0-9_\n' '_')|suites/conformance -m sm90 --impl $impl --ep 1")
     done
-    jobs+=("flashinfer|suites/flashinfer -m sm90")
+    jobs+=("fi-behaviour|suites/flashinfer/test_gpu_behaviour.py -m sm90")
+    jobs+=("fi-faults-routing|suites/flashinfer/test_gpu_faults.py suites/flashinfer/test_routing_ops.py -m sm90")
     jobs+=("ep-pull-blockwise|suites/conformance -m ep --impl sm90_fp8_fp8_bf16_pull_cutedsl[blockwise],sm90_bf16_bf16_bf16_push_cake,sm90_fp8_fp8_bf16_push_cuda --ep ${PAR_EP:-1,2,4,8}")
     jobs+=("ep-pull-per_tensor|suites/conformance -m ep --impl sm90_fp8_fp8_bf16_pull_cutedsl[per_tensor] --ep ${PAR_EP:-1,2,4,8}")
     for job in "${jobs[@]}"; do
