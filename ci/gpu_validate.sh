@@ -6,9 +6,8 @@
 #   suite      pytest -m sm90 at EP1, then the shared-GPU EP sizes of the pull kernel
 #   faults     faulty wrappers around real SM90 layers must each be caught
 #   bench      cases per minute per SM90 backend (ci/bench_cases.py)
-#   parallel   suite + flashinfer-specific tests + EP, as concurrent pytest processes sharing the GPU
-#              (one per SM90 backend at EP1, two for suites/flashinfer, two for EP1/2/4/8 of the pull
-#              kernel and the push kernels' skips); PAR_TIMEOUT bounds each; a table of outcomes last
+#   parallel   concurrent jobs sharing the GPU, listed in $PAR_JOBS (ci/gpu_jobs/*.txt); PAR_TIMEOUT
+#              bounds each; a line per job last
 #   jit        pack the FlashInfer JIT cache for the next fresh host
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,24 +58,20 @@ for phase in "$@"; do
     timeout "${BENCH_TIMEOUT:-300}" python3 -m ci.bench_cases --seconds "${BENCH_SECONDS:-30}" >> "$out/bench.log" 2>&1
     tail -n 12 "$out/bench.log" ;;
   parallel)
-    stamp "parallel pytest processes" | tee -a "$out/parallel.log"
-    # name|pytest arguments (each process gets its own results dir and log)
-    jobs=()
-    for impl in $SM90; do
-      jobs+=("ep1-$(echo "$impl" | tr -c 'a-z0-9_\n' '_')|suites/conformance -m sm90 --impl $impl --ep 1")
-    done
-    jobs+=("fi-behaviour|suites/flashinfer/test_gpu_behaviour.py -m sm90")
-    jobs+=("fi-faults-routing|suites/flashinfer/test_gpu_faults.py suites/flashinfer/test_routing_ops.py -m sm90")
-    jobs+=("ep-pull-blockwise|suites/conformance -m ep --impl sm90_fp8_fp8_bf16_pull_cutedsl[blockwise],sm90_bf16_bf16_bf16_push_cake,sm90_fp8_fp8_bf16_push_cuda --ep ${PAR_EP:-1,2,4,8}")
-    jobs+=("ep-pull-per_tensor|suites/conformance -m ep --impl sm90_fp8_fp8_bf16_pull_cutedsl[per_tensor] --ep ${PAR_EP:-1,2,4,8}")
-    for job in "${jobs[@]}"; do
-      name="${job%%|*}"; args="${job#*|}"
+    # Jobs: lines "name|pytest arguments" or "name|python3 -m module ..." in $PAR_JOBS (default
+    # ci/gpu_jobs/full.txt); {EP} in a line is replaced by $PAR_EP. Each job gets its own log and
+    # results dir, and PAR_TIMEOUT seconds.
+    stamp "parallel jobs from ${PAR_JOBS:-ci/gpu_jobs/full.txt}" | tee -a "$out/parallel.log"
+    while IFS= read -r job; do
+      case "$job" in ''|'#'*) continue ;; esac
+      name="${job%%|*}"; args="${job#*|}"; args="${args//\{EP\}/${PAR_EP:-1,2,4,8}}"
       # shellcheck disable=SC2086
       ( set -f; start=$(date +%s)
-        timeout "${PAR_TIMEOUT:-480}" python3 -m pytest $args -p no:cacheprovider --results-dir "$out/$name" \
-          -q -rs -rx --durations=10 > "$out/$name.log" 2>&1
+        eval "cmd=($args)"  # quotes in a job line group words; globbing is off
+        [[ "${cmd[0]}" == python* ]] || cmd=(python3 -m pytest "${cmd[@]}" -p no:cacheprovider --results-dir "$out/$name" -v -rs -rx --durations=10)
+        timeout "${PAR_TIMEOUT:-480}" "${cmd[@]}" > "$out/$name.log" 2>&1
         echo "$name exit $? after $(( $(date +%s) - start ))s: $(tail -n 1 "$out/$name.log")" >> "$out/parallel.log" ) &
-    done
+    done < "${PAR_JOBS:-ci/gpu_jobs/full.txt}"
     wait
     cat "$out/parallel.log" ;;
   jit)

@@ -11,6 +11,7 @@ from fixtures.checks import Subject, check_oracle, expected, oracle_device
 from fixtures.compare import compare
 from fixtures.problem import BatchCase, LayerCase, Scenario
 from fixtures.selection import selected_ep_sizes
+from fixtures.strategies import masked_pattern
 
 pytestmark = pytest.mark.ep
 
@@ -45,7 +46,8 @@ def test_same_global_problem_at_every_ep_size(subject, request):
     for ep in sizes:
         tokens = (total // ep,) * ep
         scenario = Scenario(layer, (BatchCase(tokens=tokens, seed=7, method="DeepSeekV3", bias_scale=1.0,
-                                              routed_scaling_factor=2.5, pattern="masked"),), ep, ("ep-invariance",))
+                                              routed_scaling_factor=2.5, pattern=masked_pattern(caps)),), ep,
+                            ("ep-invariance",))
         sub = Subject(subject.spec, subject.impl, ep)
         outputs[ep] = torch.cat(check_oracle(sub, scenario).outputs[0])
     mag = expected(scenario, subject.recipe_for(scenario), oracle_device(subject))[0].term_mag

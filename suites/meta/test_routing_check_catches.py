@@ -47,6 +47,13 @@ def _weights_from_biased_scores(logits, method, k, *, bias=None, **kw):
     return ids, s / s.sum(-1, keepdim=True) * kw["routed_scaling_factor"]
 
 
+def _sigmoid_recovered_from_biased(logits, method, k, *, bias=None, **kw):
+    """FlashInfer PR #3875: (sigmoid + bias) - bias in fp32 loses a small sigmoid next to a large bias."""
+    ids, _ = _reference(logits, method, k, bias=bias, **kw)
+    s = ((torch.sigmoid(logits.float()) + bias.float()) - bias.float()).gather(1, ids)
+    return ids, s / (s.sum(-1, keepdim=True) + 1e-20) * kw["routed_scaling_factor"]
+
+
 def _groups_ignored(logits, method, k, *, n_group=None, topk_group=None, **kw):
     return _reference(logits, method, k, **kw)
 
@@ -66,6 +73,7 @@ FAULTS = {
     "largest index wins ties": _largest_index_wins_ties,
     "routed scaling factor dropped": _rsf_dropped,
     "weights from the biased scores": _weights_from_biased_scores,
+    "sigmoid recovered as (s + bias) - bias": _sigmoid_recovered_from_biased,
     "expert groups ignored": _groups_ignored,
     "K-th expert replaced by the (K+1)-th": _kth_expert_off_by_one,
     "an expert selected twice": _duplicate_slot,
@@ -103,3 +111,4 @@ def test_a_wrong_router_is_caught(monkeypatch, fault):
             assert "reproduce: python -m ci.repro_routing" in str(err)
             caught.append(case.pattern)
     assert caught, f"routing fault {fault!r} passed every case"
+    print(f"routing fault {fault!r}: caught by the {caught} cases")
