@@ -27,7 +27,13 @@ for phase in "$@"; do
   env)
     { stamp env; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
       python3 -c 'import torch, importlib.metadata as m; print("torch", torch.__version__, "cuda", torch.version.cuda); [print(n, m.version(n)) for n in ("flashinfer-python","nvidia-cutlass-dsl","nvshmem4py-cu13","hypothesis","pytest")]'
-      if [ -f .gpu/jit/fi-jit.tgz ]; then mkdir -p ~/.cache && tar xzf .gpu/jit/fi-jit.tgz -C ~/.cache && echo "JIT cache restored"; else echo "no JIT cache: first builds compile"; fi
+      if [ -f .gpu/jit/fi-jit.tgz ]; then mkdir -p ~/.cache && tar xzf .gpu/jit/fi-jit.tgz -C ~/.cache \
+        && now=$(date +%s) && find ~/.cache/flashinfer -exec touch -h -d "@$now" {} + && echo "JIT cache restored"
+      else echo "no JIT cache: first builds compile"; fi
+      # ninja owns the freshness of FlashInfer's JIT .so files (flashinfer/jit/core.py): the wheel's
+      # headers, installed minutes ago, look newer than a restored .so, and the module is rebuilt (seen
+      # 2026-11-29: dsv3_fused_routing and the cake/push modules rebuilt on hosts whose restored cache held
+      # them). The restored cache gets one timestamp, now, after the install.
     } 2>&1 | tee -a "$out/env.log" ;;
   calibrate)
     for impl in $SM90; do

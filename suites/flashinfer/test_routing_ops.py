@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fixtures import arch, results
-from fixtures.flashinfer.routing_check import RoutingCase, check, routing_cases
+from fixtures.flashinfer.routing_check import PATTERNS, RoutingCase, check, routing_cases
 from fixtures.flashinfer.routing_ops import BY_NAME, OPS, RoutingOp, call
 from reference.routing import BIASED_METHODS
 
@@ -47,7 +47,9 @@ def _op_method_params():
 @settings(max_examples=max(10, settings.default.max_examples))
 @given(data=st.data())
 def test_matches_reference(op, method, data):
-    case = data.draw(routing_cases(op, method), label="case")
+    # a finding's pattern is held by its own test below, not redrawn here
+    patterns = [p for p in PATTERNS if not (p == "underflow" and op.finding("F8"))]
+    case = data.draw(routing_cases(op, method, patterns), label="case")
     metrics = check(case, torch.device("cuda", 0))
     results.record("routing", case=case.to_json(), **metrics)
 
@@ -66,6 +68,12 @@ def test_explicit_case(op, method, pattern, grouped):
     case = RoutingCase(op=op.name, method=method, dtype=op.dtypes[0], tokens=37, experts=64,
                        top_k=top_k, n_group=groups[0], topk_group=groups[1],
                        routed_scaling_factor=2.5 if biased else 1.0, biased=biased, pattern=pattern, seed=11)
+    if pattern == "underflow" and biased and op.finding("F8"):
+        try:
+            check(case, torch.device("cuda", 0))
+        except AssertionError as err:
+            pytest.xfail(f"{op.finding('F8')} | observed: {str(err).splitlines()[0]}")
+        pytest.fail(f"{op.name}: F8 no longer reproduces; remove it from the descriptor")
     check(case, torch.device("cuda", 0))
 
 
