@@ -31,9 +31,9 @@ for phase in "$@"; do
         && now=$(date +%s) && find ~/.cache/flashinfer -exec touch -h -d "@$now" {} + && echo "JIT cache restored"
       else echo "no JIT cache: first builds compile"; fi
       # ninja owns the freshness of FlashInfer's JIT .so files (flashinfer/jit/core.py): the wheel's
-      # headers, installed minutes ago, look newer than a restored .so, and the module is rebuilt (seen
-      # 2026-11-29: dsv3_fused_routing and the cake/push modules rebuilt on hosts whose restored cache held
-      # them). The restored cache gets one timestamp, now, after the install.
+      # sources and headers, installed minutes ago, look newer than a restored .so, and the module is
+      # rebuilt (seen 2026-11-29: dsv3_fused_routing, whose sources live in the wheel, rebuilt on a host
+      # whose restored cache held it). The restored cache gets one timestamp, now, after the install.
     } 2>&1 | tee -a "$out/env.log" ;;
   calibrate)
     for impl in $SM90; do
