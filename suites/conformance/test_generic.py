@@ -25,10 +25,10 @@ def drawn(subject, data, **kw):
     return data.draw(scenarios(subject.caps, subject.ep_size, layers=layers, **kw), label="scenario")
 
 
-def _record(subject, scenario, check, started, metrics=()):
+def _record(subject, scenario, check, started, metrics=(), textbook=()):
     results.record("cases", impl=subject.spec, ep=subject.ep_size, recipe=subject.caps.recipe.name,
                    check=check, scenario=scenario.to_json(), seconds=round(time.monotonic() - started, 4),
-                   metrics=list(metrics))
+                   metrics=list(metrics), textbook_rel_l2=list(textbook))
 
 
 @given(data=st.data())
@@ -36,8 +36,8 @@ def test_matches_reference(subject, data):
     scenario = drawn(subject, data)
     started = time.monotonic()
     run = check_oracle(subject, scenario)
-    check_textbook(subject, scenario, run)
-    _record(subject, scenario, "oracle+textbook", started, run.metrics)
+    textbook = check_textbook(subject, scenario, run)
+    _record(subject, scenario, "oracle+textbook", started, run.metrics, textbook)
 
 
 @given(data=st.data())
