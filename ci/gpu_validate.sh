@@ -74,7 +74,7 @@ for phase in "$@"; do
       # shellcheck disable=SC2086
       ( set -f; start=$(date +%s)
         eval "cmd=($args)"  # quotes in a job line group words; globbing is off
-        [[ "${cmd[0]}" == python* ]] || cmd=(python3 -m pytest "${cmd[@]}" -p no:cacheprovider --results-dir "$out/$name" -v -rs -rx --durations=10)
+        [[ "${cmd[0]}" == python* ]] || cmd=(python3 -m pytest "${cmd[@]}" -p no:cacheprovider --results-dir "$out/$name" -v -rsx --durations=10)
         timeout "${PAR_TIMEOUT:-480}" "${cmd[@]}" > "$out/$name.log" 2>&1
         echo "$name exit $? after $(( $(date +%s) - start ))s: $(tail -n 1 "$out/$name.log")" >> "$out/parallel.log" ) &
     done < "${PAR_JOBS:-ci/gpu_jobs/full.txt}"
