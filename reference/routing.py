@@ -102,6 +102,18 @@ def _group_mask(biased: torch.Tensor, n_group: int, topk_group: int) -> torch.Te
     return group_keep.repeat_interleave(per_group, dim=1)
 
 
+def _selection_score(z: torch.Tensor, method: str, bias: torch.Tensor | None) -> torch.Tensor:
+    """The score top-k ranks, before any group masking, in the dtype of ``z``."""
+    if method in ("Default", "RenormalizeNaive"):
+        return torch.softmax(z, dim=-1)
+    if method in ("Sigmoid", "SigmoidRenorm"):
+        return torch.sigmoid(z)
+    if method in BIASED_METHODS:
+        s = torch.sigmoid(z)
+        return s if bias is None else s + bias
+    return z  # ranked on the raw logits
+
+
 def route(
     logits: torch.Tensor,
     method: str,
@@ -121,46 +133,27 @@ def route(
     if not math.isfinite(routed_scaling_factor):
         raise ValueError("routed_scaling_factor must be finite")
     z = logits.float()
-    b = None if bias is None else bias.float()
+    score = _selection_score(z, method, None if bias is None else bias.float())
+    if n_group is not None and n_group > 1:
+        score = score.masked_fill(~_group_mask(score, n_group, topk_group), float("-inf"))
+    ids = stable_topk(score, top_k)
 
-    if method == "Default":
-        p = torch.softmax(z, dim=-1)
-        ids = stable_topk(p, top_k)
-        w = p.gather(1, ids)
+    if method in ("Default", "Sigmoid"):
+        w = score.gather(1, ids)
     elif method == "Renormalize":
-        ids = stable_topk(z, top_k)
         w = torch.softmax(z.gather(1, ids), dim=-1)
     elif method == "RenormalizeNaive":
-        p = torch.softmax(z, dim=-1)
-        ids = stable_topk(p, top_k)
-        w = p.gather(1, ids)
+        w = score.gather(1, ids)
         w = w / w.sum(-1, keepdim=True)
-    elif method in ("DeepSeekV3", "MiniMax2"):
-        s = torch.sigmoid(z)
-        selection = s if b is None else s + b
-        if n_group is not None and n_group > 1:
-            keep = _group_mask(selection, n_group, topk_group)
-            selection = selection.masked_fill(~keep, float("-inf"))
-        ids = stable_topk(selection, top_k)
-        w = s.gather(1, ids)  # unbiased sigmoid, recomputed from the logits
+    elif method in BIASED_METHODS:
+        w = torch.sigmoid(z).gather(1, ids)  # unbiased sigmoid, recomputed from the logits
         w = w / (w.sum(-1, keepdim=True) + RENORM_EPS)
-    elif method == "Llama4":
-        ids = stable_topk(z, 1)
-        w = torch.sigmoid(z.gather(1, ids))
     elif method == "TopK":
-        ids = stable_topk(z, top_k)
         w = z.gather(1, ids)
-    elif method == "Sigmoid":
-        s = torch.sigmoid(z)
-        ids = stable_topk(s, top_k)
-        w = s.gather(1, ids)
     elif method == "SigmoidRenorm":
-        s = torch.sigmoid(z)
-        ids = stable_topk(s, top_k)
-        w = s.gather(1, ids)
+        w = score.gather(1, ids)
         w = w / w.sum(-1, keepdim=True).clamp_min(RENORM_EPS)
-    else:  # TopKSigmoid
-        ids = stable_topk(z, top_k)
+    else:  # Llama4 (K = 1), TopKSigmoid
         w = torch.sigmoid(z.gather(1, ids))
     return ids.to(torch.int64), (w * routed_scaling_factor).to(torch.float32)
 
@@ -182,15 +175,7 @@ def decision_margin(
     its tie rule, so a kernel can be held to set equality. ``inf`` where nothing is dropped.
     """
     _validate(logits, method, top_k, bias, n_group, topk_group)
-    z = logits.double()
-    if method in ("Default", "RenormalizeNaive"):
-        score = torch.softmax(z, dim=-1)
-    elif method in ("Sigmoid", "SigmoidRenorm"):
-        score = torch.sigmoid(z)
-    elif method in BIASED_METHODS:
-        score = torch.sigmoid(z) + (0.0 if bias is None else bias.double())
-    else:  # ranked on the raw logits
-        score = z
+    score = _selection_score(logits.double(), method, None if bias is None else bias.double())
     tokens, num_experts = score.shape
     margin = torch.full((tokens,), float("inf"), dtype=torch.float64, device=score.device)
     if n_group is not None and n_group > 1:
