@@ -80,7 +80,8 @@ def test_fleet_validation_rejects_experts_not_divisible_by_world():
         fi.validate_mega_fleet_params(fleet, 4, intermediate_size=256, top_k=2)
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING (catalogue §1.5): validate_mega_fleet_params does not check "
+@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
+                   reason="FINDING (catalogue §1.5): validate_mega_fleet_params does not check "
                                        "top_k <= num_experts although mega_layer.py claims it is validated at "
                                        "init. Reproduce: validate_mega_fleet_params(FleetParams(4, 16, 256), 1, "
                                        "intermediate_size=256, top_k=8) returns without error")
@@ -99,6 +100,20 @@ def test_forward_input_validation():
         fi.validate_mega_forward_inputs(x, ids, w, fleet, top_k=2, quantize_input=True)
     with pytest.raises(fi.MoEEpConfigError):  # ids shape != (T, top_k)
         fi.validate_mega_forward_inputs(x[:4], ids[:4, :1], w[:4], fleet, top_k=2, quantize_input=True)
+
+
+@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
+                   reason="FINDING F9 (catalogue §1.5): validate_mega_forward_inputs checks shapes only; "
+                                       "expert ids outside [-1, E) pass (and the SM90 backends' own forward "
+                                       "validators, staging.py, check no ranges either), so a bad id reaches the "
+                                       "kernel's expert tables. Reproduce: ids = [[8, -2]] with E = 8")
+@pytest.mark.parametrize("bad_id", [8, -2], ids=["id=E", "id=-2"])
+def test_forward_input_validation_rejects_out_of_range_ids(bad_id):
+    import flashinfer.moe_ep as fi
+    fleet = fi.FleetParams(num_experts=8, max_tokens_per_rank=4, token_hidden_size=256)
+    ids = torch.tensor([[0, bad_id]])
+    with pytest.raises(fi.MoEEpConfigError):
+        fi.validate_mega_forward_inputs(torch.zeros(1, 256), ids, torch.ones(1, 2), fleet, top_k=2, quantize_input=True)
 
 
 def test_bare_kernel_config_is_refused_by_the_layer_factory():

@@ -172,7 +172,7 @@ F5 = ("FINDING F5: fused_topk_deepseek checks topk_group * n_group >= topk (fuse
 
 
 @pytest.mark.api
-@pytest.mark.xfail(strict=True, reason=F5 + "E=32, n_group=8, topk_group=1 keeps 4 experts, yet topk=6 is accepted "
+@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=F5 + "E=32, n_group=8, topk_group=1 keeps 4 experts, yet topk=6 is accepted "
                    "and reaches the kernel (the launcher checks topk <= 32 only, noAuxTcKernels.cu:370)")
 def test_dsv3_top_k_above_the_kept_experts_is_rejected(validation_only):
     validation_only(DSV3)
@@ -185,7 +185,7 @@ def test_dsv3_top_k_above_the_kept_experts_is_rejected(validation_only):
 
 
 @pytest.mark.api
-@pytest.mark.xfail(strict=True, reason=F5 + "the documented ungrouped branch (n_group == 1: num_experts <= 384, "
+@pytest.mark.xfail(strict=True, raises=ValueError, reason=F5 + "the documented ungrouped branch (n_group == 1: num_experts <= 384, "
                    "topk <= 8) accepts topk=1 only, so the Kimi-K2 geometry E=384, K=8 is refused")
 def test_dsv3_ungrouped_branch_takes_top_k_8(validation_only):
     validation_only(DSV3)
