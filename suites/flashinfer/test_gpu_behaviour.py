@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fixtures import results
 from fixtures.compare import relative_l2
 from fixtures.flashinfer.adapter import FlashInferMegaLayer
 from fixtures.flashinfer.descriptors import DESCRIPTORS
+from fixtures.findings import expect_finding
 from fixtures.impl import RankContext
 from fixtures.problem import BatchCase, LayerCase, make_batch, make_weights
 
@@ -51,19 +51,6 @@ def test_repeat_is_bitwise_and_nan_prefilled_output_changes_nothing(built):
     out = layer.forward(x, ids, w, output=poisoned)
     assert torch.isfinite(poisoned).all(), f"{d.impl_name}: rows of a NaN-filled caller buffer were left unwritten"
     assert torch.equal(out, first)
-
-
-def expect_finding(d, key: str, ok: bool, observed: str) -> None:
-    """Strict xfail for a finding the descriptor declares: still broken -> xfail with what was seen;
-    fixed -> fail, so the finding is retired on purpose. Undeclared and broken -> fail."""
-    finding = d.finding(key)
-    results.record("findings", impl=d.impl_name, finding=key, declared=bool(finding), reproduced=not ok,
-                   observed=observed)
-    if finding and not ok:
-        pytest.xfail(f"{finding} | observed: {observed}")
-    if finding and ok:
-        pytest.fail(f"{d.impl_name}: {key} no longer reproduces ({observed}); remove it from the descriptor")
-    assert ok, f"{d.impl_name}: {observed}"
 
 
 def test_smaller_batch_after_a_larger_one_has_no_stale_rows(built):
@@ -112,7 +99,7 @@ def test_masked_routes(built):
                 f"{int(torch.count_nonzero(out[1].nan_to_num(1.0)))} of {case.hidden}; unmasked tokens rel-L2 {rest:.3g}")
     ok = err(0) <= tol and err(2) <= tol and bool(torch.count_nonzero(out[1].nan_to_num(1.0)) == 0)
     assert rest <= tol, f"{d.impl_name}: tokens without masked slots changed: {observed}"
-    expect_finding(d, "F6", ok, observed)
+    expect_finding(d.impl_name, d.finding("F6"), "F6", ok, observed)
 
 
 def test_default_warmup_after_a_forward(built):
@@ -126,7 +113,7 @@ def test_default_warmup_after_a_forward(built):
     except Exception as err:  # noqa: BLE001 - the finding is whatever it raises
         ok, observed = False, f"{type(err).__name__}: {err}"
     assert torch.equal(layer.forward(x, ids, w), want), f"{d.impl_name}: the layer changed after warmup() ({observed})"
-    expect_finding(d, "F7", ok, observed)
+    expect_finding(d.impl_name, d.finding("F7"), "F7", ok, observed)
 
 
 def test_zero_tokens_then_a_normal_batch(built):
