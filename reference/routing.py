@@ -89,17 +89,27 @@ def _validate(logits, method, top_k, bias, n_group, topk_group):
                 f"of the {topk_group} kept groups")
 
 
-def _group_mask(biased: torch.Tensor, n_group: int, topk_group: int) -> torch.Tensor:
-    """Boolean [T, E] mask of the experts inside the best ``topk_group`` groups."""
-    tokens, num_experts = biased.shape
+def _group_scores(score: torch.Tensor, n_group: int) -> torch.Tensor:
+    """[T, n_group]: the sum of each group's two best selection scores (its one score if it has one)."""
+    tokens, num_experts = score.shape
     per_group = num_experts // n_group
-    grouped = biased.view(tokens, n_group, per_group)
-    top2 = min(2, per_group)
-    group_score = torch.sort(grouped, dim=-1, descending=True).values[..., :top2].sum(-1)
-    kept = stable_topk(group_score, topk_group)
-    group_keep = torch.zeros(tokens, n_group, dtype=torch.bool, device=biased.device)
+    grouped = score.view(tokens, n_group, per_group)
+    return torch.sort(grouped, dim=-1, descending=True).values[..., :min(2, per_group)].sum(-1)
+
+
+def _in_kept_groups(score: torch.Tensor, group_scores: torch.Tensor, topk_group: int) -> torch.Tensor:
+    """``score`` with every expert outside the best ``topk_group`` groups set to -inf."""
+    tokens, n_group = group_scores.shape
+    kept = stable_topk(group_scores, topk_group)
+    group_keep = torch.zeros(tokens, n_group, dtype=torch.bool, device=score.device)
     group_keep.scatter_(1, kept, True)
-    return group_keep.repeat_interleave(per_group, dim=1)
+    keep = group_keep.repeat_interleave(score.shape[1] // n_group, dim=1)
+    return score.masked_fill(~keep, float("-inf"))
+
+
+def sum_normalize(w: torch.Tensor) -> torch.Tensor:
+    """``w / (sum(w) + RENORM_EPS)`` over the slots: the DeepSeekV3 / MiniMax2 normalisation."""
+    return w / (w.sum(-1, keepdim=True) + RENORM_EPS)
 
 
 def _selection_score(z: torch.Tensor, method: str, bias: torch.Tensor | None) -> torch.Tensor:
@@ -135,7 +145,7 @@ def route(
     z = logits.float()
     score = _selection_score(z, method, None if bias is None else bias.float())
     if n_group is not None and n_group > 1:
-        score = score.masked_fill(~_group_mask(score, n_group, topk_group), float("-inf"))
+        score = _in_kept_groups(score, _group_scores(score, n_group), topk_group)
     ids = stable_topk(score, top_k)
 
     if method in ("Default", "Sigmoid"):
@@ -146,8 +156,7 @@ def route(
         w = score.gather(1, ids)
         w = w / w.sum(-1, keepdim=True)
     elif method in BIASED_METHODS:
-        w = torch.sigmoid(z).gather(1, ids)  # unbiased sigmoid, recomputed from the logits
-        w = w / (w.sum(-1, keepdim=True) + RENORM_EPS)
+        w = sum_normalize(torch.sigmoid(z).gather(1, ids))  # unbiased sigmoid, recomputed from the logits
     elif method == "TopK":
         w = z.gather(1, ids)
     elif method == "SigmoidRenorm":
@@ -179,12 +188,11 @@ def decision_margin(
     tokens, num_experts = score.shape
     margin = torch.full((tokens,), float("inf"), dtype=torch.float64, device=score.device)
     if n_group is not None and n_group > 1:
-        per_group = num_experts // n_group
-        ranked = torch.sort(score.view(tokens, n_group, per_group), dim=-1, descending=True).values
-        group_score = torch.sort(ranked[..., :min(2, per_group)].sum(-1), dim=-1, descending=True).values
+        group_scores = _group_scores(score, n_group)
         if topk_group < n_group:
-            margin = group_score[:, topk_group - 1] - group_score[:, topk_group]
-        score = score.masked_fill(~_group_mask(score, n_group, topk_group), float("-inf"))
+            ranked = torch.sort(group_scores, dim=-1, descending=True).values
+            margin = ranked[:, topk_group - 1] - ranked[:, topk_group]
+        score = _in_kept_groups(score, group_scores, topk_group)
     ordered = torch.sort(score, dim=-1, descending=True).values
     if top_k < num_experts:
         gap = ordered[:, top_k - 1] - ordered[:, top_k]
