@@ -27,16 +27,9 @@ from reference.routing import BIASED_METHODS
 
 flashinfer = pytest.importorskip("flashinfer", reason="flashinfer-python is not installed")
 
-CC = {"sm90": (9, 0), "sm100": (10, 0), "sm107": (10, 7), "sm120": (12, 0)}
-
-
-def _local_arch() -> str | None:
-    return next((tag for tag in arch.ARCH_MARKERS if arch.gpu_count(tag)), None)
-
-
 def _on_supported_gpu(op: RoutingOp):
     """The marker of the GPU here when the op runs on it, else of the op's first arch (which skips)."""
-    here = _local_arch()
+    here = arch.local_arch()
     return getattr(pytest.mark, here if here in op.arches else op.arches[0])
 
 
@@ -55,6 +48,11 @@ def test_matches_reference(op, method, data):
     results.record("routing", case=case.to_json(), **metrics)
 
 
+def _ungrouped_top_k(op: RoutingOp, method: str) -> int:
+    """K = 4 where the op's ungrouped path takes it (1 for Llama4, fewer where the op says so)."""
+    return 1 if method == "Llama4" else min(4, op.ungrouped_max_top_k or 4)
+
+
 @pytest.mark.parametrize("op, method", _op_method_params())
 @pytest.mark.parametrize("pattern, grouped", [("ties", False), ("ties", True), ("all_negative", True),
                                              ("underflow", False), ("underflow", True)])
@@ -65,7 +63,7 @@ def test_explicit_case(op, method, pattern, grouped):
         pytest.skip(f"{method} takes no expert groups")
     biased = method in BIASED_METHODS
     groups = (8, 4) if grouped else op.ungrouped_groups
-    top_k = 1 if method == "Llama4" else (4 if grouped else min(4, op.ungrouped_max_top_k or 4))
+    top_k = 4 if grouped else _ungrouped_top_k(op, method)
     case = RoutingCase(op=op.name, method=method, dtype=op.dtypes[0], tokens=37, experts=64,
                        top_k=top_k, n_group=groups[0], topk_group=groups[1],
                        routed_scaling_factor=2.5 if biased else 1.0, biased=biased, pattern=pattern, seed=11)
@@ -100,7 +98,7 @@ def validation_only(monkeypatch):
     gen = importlib.import_module("flashinfer.fused_moe.trtllm_gen_routing")
 
     def as_arch(op: RoutingOp):
-        monkeypatch.setattr(fu, "get_compute_capability", lambda device: CC[op.arches[0]])
+        monkeypatch.setattr(fu, "get_compute_capability", lambda device: arch.REPRESENTATIVE_CC[op.arches[0]])
 
     stub = types.SimpleNamespace(NoAuxTc=_refuse_launch, trtllm_gen_routing=_refuse_launch)
     monkeypatch.setattr(dsv3, "get_dsv3_fused_routing_module", lambda backend="default": stub)
@@ -220,7 +218,7 @@ def test_dsv3_launcher_rejects(label, shape, message):
 
 
 def _unsupported_here():
-    here = _local_arch()
+    here = arch.local_arch()
     if here is None:
         return [pytest.param(op, id=op.name, marks=pytest.mark.skip(reason="no CUDA GPU on this machine"))
                 for op in OPS]
@@ -234,6 +232,6 @@ def test_unsupported_arch_is_refused(op):
 
     logits = torch.randn(4, 64, device="cuda")
     method = op.methods[0]
+    n_group, topk_group = op.ungrouped_groups
     with pytest.raises(BackendSupportedError, match="compute capability|does not support"):
-        call(op, logits, method, 1 if method == "Llama4" else 4,
-             **({"n_group": 1, "topk_group": 1} if op.name == "fused_topk_deepseek" else {}))
+        call(op, logits, method, _ungrouped_top_k(op, method), n_group=n_group, topk_group=topk_group)
