@@ -15,7 +15,7 @@ from fixtures import results
 from fixtures.checks import (check_oracle, check_permutation, check_relabel, check_repeat_determinism,
                              check_textbook)
 from fixtures.geometries import MODELS, fits, layer_pool, model_layer
-from fixtures.problem import PATTERNS, BatchCase, LayerCase, Scenario
+from fixtures.problem import MASKING_PATTERNS, PATTERNS, BatchCase, LayerCase, Scenario
 from fixtures.strategies import batch_cases, masked_pattern, scenarios
 
 
@@ -72,7 +72,7 @@ def test_adversarial_pattern(subject, pattern):
     """Each adversarial input once, deterministically, whatever hypothesis happens to draw."""
     if pattern in ("all_remote", "cross_rank") and subject.ep_size == 1:
         pytest.skip(f"pattern {pattern!r} needs EP > 1")
-    if pattern in ("masked", "masked_tail", "cross_rank") and not subject.caps.supports_masked_ids:
+    if pattern in MASKING_PATTERNS and not subject.caps.supports_masked_ids:
         known = f": {'; '.join(subject.caps.known_defects)}" if subject.caps.known_defects else ""
         pytest.skip(f"{subject.spec} is not held to masked (-1) expert ids{known}")
     method = "DeepSeekV3" if pattern == "underflow" else "Renormalize"
