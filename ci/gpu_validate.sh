@@ -71,7 +71,6 @@ for phase in "$@"; do
     while IFS= read -r job; do
       case "$job" in ''|'#'*) continue ;; esac
       name="${job%%|*}"; args="${job#*|}"; args="${args//\{EP\}/${PAR_EP:-1,2,4,8}}"
-      # shellcheck disable=SC2086
       ( set -f; start=$(date +%s)
         eval "cmd=($args)"  # quotes in a job line group words; globbing is off
         [[ "${cmd[0]}" == python* ]] || cmd=(python3 -m pytest "${cmd[@]}" -p no:cacheprovider --results-dir "$out/$name" -v -rsx --durations=10)
