@@ -25,10 +25,10 @@ def drawn(subject, data, **kw):
     return data.draw(scenarios(subject.caps, subject.ep_size, layers=layers, **kw), label="scenario")
 
 
-def _record(subject, scenario, check, started, metrics=(), textbook=()):
+def _record(subject, scenario, check, started, metrics=(), textbook=(), rank_seconds=None):
     results.record("cases", impl=subject.spec, ep=subject.ep_size, recipe=subject.caps.recipe.name,
                    check=check, scenario=scenario.to_json(), seconds=round(time.monotonic() - started, 4),
-                   metrics=list(metrics), textbook_rel_l2=list(textbook))
+                   metrics=list(metrics), textbook_rel_l2=list(textbook), rank_seconds=rank_seconds or {})
 
 
 @given(data=st.data())
@@ -37,7 +37,7 @@ def test_matches_reference(subject, data):
     started = time.monotonic()
     run = check_oracle(subject, scenario)
     textbook = check_textbook(subject, scenario, run)
-    _record(subject, scenario, "oracle+textbook", started, run.metrics, textbook)
+    _record(subject, scenario, "oracle+textbook", started, run.metrics, textbook, run.rank_seconds)
 
 
 @given(data=st.data())
@@ -119,4 +119,5 @@ def test_model_geometry(subject, model, data):
                                 pattern=batch.pattern if batch.pattern != "underflow" or model.routing == "DeepSeekV3" else "random")
     started = time.monotonic()
     scenario = Scenario(layer, (batch,), subject.ep_size, (model.name,))
-    _record(subject, scenario, f"model:{model.name}", started, check_oracle(subject, scenario).metrics)
+    run = check_oracle(subject, scenario)
+    _record(subject, scenario, f"model:{model.name}", started, run.metrics, rank_seconds=run.rank_seconds)
