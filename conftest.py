@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, Phase, settings
 from fixtures import arch, results
 from fixtures.dist.inprocess import launched_by_torchrun
 from fixtures.dist.pool import close_all
-from fixtures.selection import DEFAULT_EP, DEFAULT_IMPLS, selected_ep_sizes, selected_impls
+from fixtures.selection import DEFAULT_EP, DEFAULT_IMPLS, ep_skip_reason, selected_ep_sizes, selected_impls
 
 # Hypothesis profiles, in one place. Cases run on rank pools, so no per-example deadline.
 _COMMON = dict(deadline=None, print_blob=True,
@@ -120,12 +120,8 @@ def subject_params(config) -> list:
             reason = None
             if _UNDER_TORCHRUN and ep != int(os.environ["WORLD_SIZE"]):
                 reason = f"launched by torchrun with WORLD_SIZE={os.environ['WORLD_SIZE']}: only EP{os.environ['WORLD_SIZE']} runs"
-            elif ep not in caps.ep_sizes:
-                reason = f"{spec} does not support EP{ep} (supports {caps.ep_sizes})"
-            elif caps.arch in arch.ARCH_MARKERS and ep > 1 and not caps.ranks_share_device \
-                    and arch.gpu_count(caps.arch) < ep:
-                reason = (f"{spec} needs one GPU per rank: EP{ep} needs {ep} {caps.arch.upper()} GPUs, "
-                          f"this machine has {arch.gpu_count(caps.arch)}")
+            else:
+                reason = ep_skip_reason(spec, caps, ep)
             if reason:
                 marks.append(pytest.mark.skip(reason=reason))
             params.append(pytest.param((spec, impl, ep), id=f"{spec}-EP{ep}", marks=marks))

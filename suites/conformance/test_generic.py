@@ -25,10 +25,13 @@ def drawn(subject, data, **kw):
     return data.draw(scenarios(subject.caps, subject.ep_size, layers=layers, **kw), label="scenario")
 
 
-def _record(subject, scenario, check, started, metrics=(), textbook=(), rank_seconds=None):
+def _record(subject, scenario, check, started, run, textbook=()):
+    """One line of cases-*.jsonl; the timings say where a slow case spent its time (rank phases, this
+    process's wait for the ranks, its reference and textbook oracles)."""
     results.record("cases", impl=subject.spec, ep=subject.ep_size, recipe=subject.caps.recipe.name,
                    check=check, scenario=scenario.to_json(), seconds=round(time.monotonic() - started, 4),
-                   metrics=list(metrics), textbook_rel_l2=list(textbook), rank_seconds=rank_seconds or {})
+                   metrics=list(run.metrics), textbook_rel_l2=list(textbook), rank_seconds=run.rank_seconds,
+                   process_seconds=run.seconds)
 
 
 @given(data=st.data())
@@ -37,7 +40,7 @@ def test_matches_reference(subject, data):
     started = time.monotonic()
     run = check_oracle(subject, scenario)
     textbook = check_textbook(subject, scenario, run)
-    _record(subject, scenario, "oracle+textbook", started, run.metrics, textbook, run.rank_seconds)
+    _record(subject, scenario, "oracle+textbook", started, run, textbook)
 
 
 @given(data=st.data())
@@ -120,4 +123,4 @@ def test_model_geometry(subject, model, data):
     started = time.monotonic()
     scenario = Scenario(layer, (batch,), subject.ep_size, (model.name,))
     run = check_oracle(subject, scenario)
-    _record(subject, scenario, f"model:{model.name}", started, run.metrics, rank_seconds=run.rank_seconds)
+    _record(subject, scenario, f"model:{model.name}", started, run)

@@ -223,7 +223,7 @@ def _unsupported_here():
         return [pytest.param(op, id=op.name, marks=pytest.mark.skip(reason="no CUDA GPU on this machine"))
                 for op in OPS]
     return [pytest.param(op, id=op.name, marks=[getattr(pytest.mark, here)] + (
-        [pytest.mark.skip(reason=f"{op.name} supports {here}")] if here in op.arches else [])) for op in OPS]
+        [pytest.mark.skip(reason=f"{op.name} supports {here}: nothing to refuse on this GPU")] if here in op.arches else [])) for op in OPS]
 
 
 @pytest.mark.parametrize("op", _unsupported_here())

@@ -1,0 +1,69 @@
+"""Summarise per-case results (cases-*.jsonl, written by the conformance suites) per backend and EP size.
+
+    python -m ci.summarise_cases RESULTS_DIR [RESULTS_DIR ...]
+
+One row per (implementation, EP size): cases, batch x rank checks, the worst error against the recipe
+reference (rel-L2, cosine, token, element band units) and against the fp64 textbook, and where the time
+went (case wall time; the slowest rank's build and forward; this process's reference oracle), for the
+validation log and for nightly jobs to collect. Prints a Markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+from collections import defaultdict
+
+COLUMNS = ("impl", "EP", "cases", "checks", "rel-L2 max", "cosine min", "token max", "band max",
+           "textbook max", "case s (sum)", "rank build s", "rank forward s", "oracle s")
+
+
+def _rows(paths: list[pathlib.Path]):
+    for path in paths:
+        for file in sorted(path.rglob("cases-*.jsonl")) if path.is_dir() else [path]:
+            for line in file.read_text().splitlines():
+                if line.strip():
+                    yield json.loads(line)
+
+
+def summarise(records) -> dict[tuple[str, int], dict]:
+    out: dict[tuple[str, int], dict] = defaultdict(lambda: defaultdict(float))
+    for rec in records:
+        s = out[(rec["impl"], rec["ep"])]
+        s["cases"] += 1
+        s["case s (sum)"] += rec.get("seconds", 0.0)
+        s["rank build s"] += rec.get("rank_seconds", {}).get("build", 0.0)
+        s["rank forward s"] += rec.get("rank_seconds", {}).get("forward", 0.0)
+        s["oracle s"] += rec.get("process_seconds", {}).get("oracle", 0.0)
+        for m in rec.get("metrics", []):
+            if "rel_l2" not in m:  # an empty batch: nothing compared
+                continue
+            s["checks"] += 1
+            s["rel-L2 max"] = max(s["rel-L2 max"], m["rel_l2"])
+            s["cosine min"] = min(s.get("cosine min", 1.0), m.get("cosine", 1.0))
+            s["token max"] = max(s["token max"], m.get("row_rel_max", 0.0))
+            s["band max"] = max(s["band max"], m.get("band_units_max", 0.0))
+        for t in rec.get("textbook_rel_l2", []):
+            s["textbook max"] = max(s["textbook max"], t)
+    return out
+
+
+def markdown(summary: dict[tuple[str, int], dict]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for (impl, ep), s in sorted(summary.items()):
+        cells = [impl, str(ep)] + [f"{int(s[c])}" if c in ("cases", "checks") else
+                                   f"{s[c]:.5g}" if c in s else "" for c in COLUMNS[2:]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("paths", nargs="+", type=pathlib.Path, help="results dirs or cases-*.jsonl files")
+    a = p.parse_args(argv)
+    print(markdown(summarise(_rows(a.paths))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""Which EP sizes a GPU backend runs on a machine with N GPUs, and what its skip says (issue 4: on one
+H200 the pull kernel shares the GPU at EP2/4/8; the push kernels skip with the reason). Run on CPU with
+the machine's GPUs patched in."""
+from __future__ import annotations
+
+import pytest
+
+from fixtures import arch
+from fixtures.impl import load, registered_names
+from fixtures.selection import ep_skip_reason
+
+pytestmark = [pytest.mark.harness, pytest.mark.cpu]
+
+
+def _sm90():
+    impls = [load(n) for n in registered_names() if not n.startswith("faulty:")]
+    return [i for i in impls if i.capabilities.arch == "sm90"]
+
+
+@pytest.fixture
+def gpus(monkeypatch):
+    def set_count(n: int):
+        monkeypatch.setattr(arch, "capabilities", lambda: ((9, 0),) * n)
+    return set_count
+
+
+def test_one_h200_runs_shared_ranks_and_skips_one_gpu_per_rank_backends(gpus):
+    gpus(1)
+    impls = _sm90()
+    shared = [i for i in impls if i.capabilities.ranks_share_device]
+    per_rank = [i for i in impls if not i.capabilities.ranks_share_device]
+    assert shared and per_rank, "the SM90 descriptors no longer hold both kinds of EP placement"
+    for impl in impls:
+        assert ep_skip_reason(impl.name, impl.capabilities, 1) is None
+    for ep in (2, 4, 8):
+        for impl in shared:
+            assert ep_skip_reason(impl.name, impl.capabilities, ep) is None, impl.name
+        for impl in per_rank:
+            assert ep_skip_reason(impl.name, impl.capabilities, ep) == (
+                f"{impl.name} needs one GPU per rank: EP{ep} needs {ep} SM90 GPUs, this machine has 1")
+
+
+def test_eight_h200s_run_every_ep_size(gpus):
+    gpus(8)
+    for impl in _sm90():
+        for ep in (1, 2, 4, 8):
+            assert ep_skip_reason(impl.name, impl.capabilities, ep) is None, (impl.name, ep)
+
+
+def test_an_unsupported_ep_size_says_which_are_supported(gpus):
+    gpus(8)
+    impl = _sm90()[0]
+    assert ep_skip_reason(impl.name, impl.capabilities, 3) == (
+        f"{impl.name} does not support EP3 (supports {impl.capabilities.ep_sizes})")
