@@ -27,16 +27,8 @@ for phase in "$@"; do
   env)
     { stamp env; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
       python3 -c 'import torch, importlib.metadata as m; print("torch", torch.__version__, "cuda", torch.version.cuda); [print(n, m.version(n)) for n in ("flashinfer-python","nvidia-cutlass-dsl","nvshmem4py-cu13","hypothesis","pytest")]'
-      if [ -f .gpu/jit/fi-jit.tgz ]; then mkdir -p ~/.cache && tar xzf .gpu/jit/fi-jit.tgz -C ~/.cache \
-        && find ~/gpu-site -exec touch -h -d @946684800 {} + && echo "JIT cache restored"
-        # ninja (>= 1.10) rebuilds when an input is newer than the output's mtime in .ninja_log, and
-        # when an output is newer than its entry in .ninja_deps; the wheel's headers and sources were
-        # installed minutes ago. So the restored outputs keep their mtimes (tar keeps them) and the
-        # installed inputs are dated 2000-01-01 (seen 2026-11-29: every module rebuilt, 150 s for
-        # push_cuda's, while the previous fix touched the outputs). A dry run says per module.
-        for d in ~/.cache/flashinfer/*/*/cached_ops/*/; do
-          echo "ninja dry run $(basename "$d"): $(ninja -C "$d" -n -d explain 2>&1 | grep -m1 -E 'explain|no work')"
-        done
+      if [ -f .gpu/jit/fi-jit.tgz ]; then bash ci/restore_jit_cache.sh .gpu/jit/fi-jit.tgz ~/.cache ~/gpu-site \
+        && echo "JIT cache restored"  # seen 2026-11-29: touching the outputs instead rebuilt every module
       else echo "no JIT cache: first builds compile"; fi
     } 2>&1 | tee -a "$out/env.log" ;;
   calibrate)

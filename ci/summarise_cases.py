@@ -20,7 +20,7 @@ COLUMNS = ("impl", "EP", "cases", "checks", "rel-L2 max", "cosine min", "token m
 
 def _rows(paths: list[pathlib.Path]):
     for path in paths:
-        for file in sorted(path.rglob("cases-*.jsonl")) if path.is_dir() else [path]:
+        for file in sorted(path.rglob("*cases-*.jsonl")) if path.is_dir() else [path]:
             for line in file.read_text().splitlines():
                 if line.strip():
                     yield json.loads(line)

@@ -114,7 +114,7 @@ def test_model_geometry(subject, model, data):
     # CPU: as few experts as the routing allows (the model's H and I already make each expert large)
     layer = model_layer(model, subject.caps, subject.ep_size, max_experts=16 if subject.caps.device == "cuda" else 1)
     caps = subject.caps if subject.caps.device == "cuda" else dataclasses.replace(subject.caps, max_tokens_per_rank=8)
-    batch = data.draw(batch_cases(caps, layer, subject.ep_size), label="batch")
+    batch = data.draw(batch_cases(caps, layer, subject.ep_size, busy=True), label="batch")
     groups = (model.n_group, model.topk_group) if model.n_group and layer.num_experts % model.n_group == 0 else (None, None)
     batch = dataclasses.replace(batch, method=model.routing, n_group=groups[0], topk_group=groups[1],
                                 routed_scaling_factor=model.routed_scaling_factor,

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Restore a packed FlashInfer JIT cache so that ninja does not rebuild it on a fresh host.
+#   ci/restore_jit_cache.sh TARBALL CACHE_PARENT SITE_DIR...
+# TARBALL: `tar czf fi-jit.tgz -C ~/.cache flashinfer` from an earlier host; CACHE_PARENT: ~/.cache;
+# SITE_DIR: where the wheels were just installed (their headers and sources are the modules' inputs).
+# Ninja (>= 1.10) rebuilds an output when an input is newer than the output's mtime recorded in
+# .ninja_log, and when the output is newer than its .ninja_deps entry. So the outputs keep their packed
+# mtimes (tar keeps them) and the freshly installed inputs are dated 2000-01-01. Prints a ninja dry run
+# per module: "no work to do" or ninja's reason for a rebuild.
+set -uo pipefail
+tarball=$1 cache=$2; shift 2
+mkdir -p "$cache" && tar xzf "$tarball" -C "$cache" || exit 1
+for site in "$@"; do find "$site" -exec touch -h -d @946684800 {} +; done
+for d in "$cache"/flashinfer/*/*/cached_ops/*/; do
+  [ -f "$d/build.ninja" ] || continue
+  echo "ninja dry run $(basename "$d"): $(ninja -C "$d" -n -d explain 2>&1 | grep -m1 -E 'explain|no work')"
+done
