@@ -9,7 +9,8 @@ Experts are sharded contiguously: global expert g lives on rank ``g // E_local``
    the same per-expert GEMMs on the same rows as the single-process reference);
 3. an all-to-all returns to each rank the terms of its own tokens from every rank; each (token, slot)
    has exactly one owner, so summing over the sources adds zeros only and is exact;
-4. each rank combines the terms of its own tokens in slot order.
+4. each rank combines the terms of its own tokens in slot order (or, for a recipe whose combine groups
+   routes by owner rank, per owner rank then in rank order: ``reference.moe.combine_terms``).
 
 Its output is therefore bitwise equal, in fp32, to the rank's slice of the single-process reference,
 provided both run their CPU GEMMs with the same intra-op thread count (BLAS splits reductions by
@@ -21,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from reference.moe import PreparedWeights, combine_terms, moe_terms, prepare_weights
+from reference.moe import PreparedWeights, combine_terms, expert_owners, moe_terms, prepare_weights
 from reference.recipes import Recipe
 
 
@@ -80,7 +81,7 @@ def ep_moe_forward(
     mine = torch.zeros((tokens, *terms.shape[1:]), dtype=terms.dtype, device=device)
     for source in range(world):
         mine += received[source * tokens:(source + 1) * tokens]  # one owner per route: exact
-    return combine_terms(mine, recipe)
+    return combine_terms(mine, recipe, expert_owners(topk_ids, world * local_weights.num_experts, world))
 
 
 def ep_prepare(w13: torch.Tensor, w2: torch.Tensor, recipe: Recipe, rank: int, world_size: int) -> PreparedWeights:

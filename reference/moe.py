@@ -115,7 +115,8 @@ def _expert_rows(a, w, expert_w13, expert_w2, recipe: Recipe, magnitude: bool = 
     if recipe.placement == "combine":
         y = y * w[:, None]
         mag = mag * w.abs()[:, None] if magnitude else None
-    y = recipe.combine_wire.round_trip(y)
+    if recipe.combine_groups == "route":  # else the wire rounds each owner rank's pre-reduced sum
+        y = recipe.combine_wire.round_trip(y)
     return (y, mag) if magnitude else y
 
 
@@ -183,10 +184,32 @@ def moe_terms(
     return terms.view(tokens, top_k, hidden)
 
 
-def combine_terms(terms: torch.Tensor, recipe: Recipe) -> torch.Tensor:
-    """Sum the K terms of each token in slot order (row-independent, so a slice combines identically)."""
+def expert_owners(topk_ids: torch.Tensor, num_experts: int, ep_size: int) -> torch.Tensor:
+    """The EP rank holding each slot's expert (experts sharded contiguously, as in reference.ep), -1
+    for a masked slot."""
+    ids = topk_ids.long()
+    return torch.where(ids >= 0, torch.div(ids.clamp_min(0), num_experts // ep_size, rounding_mode="floor"), -1)
+
+
+def combine_terms(terms: torch.Tensor, recipe: Recipe, owners: torch.Tensor | None = None) -> torch.Tensor:
+    """Sum the K terms of each token in slot order (row-independent, so a slice combines identically).
+
+    With ``recipe.combine_groups == "owner_rank"``, ``owners`` [T, K] (:func:`expert_owners`) says which
+    EP rank produced each term: each rank's terms of a token are summed in slot order, put through the
+    combine wire, and the wire values summed in rank order."""
     tokens, top_k, hidden = terms.shape
     out = torch.zeros(tokens, hidden, dtype=torch.float32, device=terms.device)
+    if recipe.combine_groups == "owner_rank":
+        if owners is None or owners.shape != (tokens, top_k):
+            raise ValueError(f"recipe {recipe.name} combines per owner rank: pass owners [T, K] = {(tokens, top_k)}")
+        owners = owners.to(terms.device)
+        for rank in range(int(owners.max()) + 1 if owners.numel() else 0):
+            mine = (owners == rank).unsqueeze(2)
+            group = torch.zeros_like(out)
+            for k in range(top_k):
+                group = group + torch.where(mine[:, k], terms[:, k], 0.0)
+            out = out + recipe.combine_wire.round_trip(group)
+        return out
     for k in range(top_k):
         out = out + terms[:, k]
         if recipe.accum == "bf16":
@@ -203,12 +226,14 @@ def moe_reference(
     recipe: Recipe,
     *,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    ep_size: int = 1,
 ) -> torch.Tensor:
-    """The MoE layer output ``[T, H]`` in fp32 under ``recipe``.
+    """The MoE layer output ``[T, H]`` in fp32 under ``recipe`` (``ep_size``: for recipes whose combine
+    groups routes by the EP rank that owns their expert).
 
     ``w13``/``w2`` are the canonical bf16/fp32 weights; pass ``w13`` as a :class:`PreparedWeights`
     (and ``w2=None``) to reuse weights already rounded for this recipe.
     """
     prepared = w13 if isinstance(w13, PreparedWeights) else prepare_weights(w13, w2, recipe)
     terms = moe_terms(hidden_states, topk_ids, topk_weights, prepared, recipe, chunk_rows=chunk_rows)
-    return combine_terms(terms, recipe)
+    return combine_terms(terms, recipe, expert_owners(topk_ids, prepared.num_experts, ep_size))

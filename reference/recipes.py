@@ -102,6 +102,7 @@ FP32_ORDER = Tolerance(
 CLAMP_STYLES = ("gate_upper", "symmetric")
 PLACEMENTS = ("before_fc2_quant", "combine", "input")
 ACCUM_DTYPES = ("fp32", "bf16")
+COMBINE_GROUPS = ("route", "owner_rank")
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,11 @@ class Recipe:
       y = W2q[e] @ s  in fp32;  y = bf16(y) if ``fc2_out_bf16``
       y = w * y  if placement ``combine``;  y = ``combine_wire``(y)
     out_t = sum over k (in slot order) of y, accumulated in ``accum``.
+
+    ``combine_groups`` ``owner_rank``: the combine wire carries one value per (token, EP rank that owns
+    experts of it) instead of one per route: that rank's y of the token summed in fp32 in slot order,
+    then ``combine_wire``; out_t sums those in rank order (fp32). The grouping depends on the EP size,
+    so :func:`reference.moe.combine_terms` then needs each slot's owner rank.
     """
 
     name: str
@@ -136,6 +142,7 @@ class Recipe:
     fc2_out_bf16: bool = False
     combine_wire: Quant = NONE
     accum: str = "fp32"
+    combine_groups: str = "route"
     tolerance: Tolerance = BITWISE
     source: str = ""
 
@@ -146,6 +153,10 @@ class Recipe:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
         if self.accum not in ACCUM_DTYPES:
             raise ValueError(f"accum must be one of {ACCUM_DTYPES}, got {self.accum!r}")
+        if self.combine_groups not in COMBINE_GROUPS:
+            raise ValueError(f"combine_groups must be one of {COMBINE_GROUPS}, got {self.combine_groups!r}")
+        if self.combine_groups == "owner_rank" and self.accum != "fp32":
+            raise ValueError("combine_groups 'owner_rank' sums its groups in fp32: accum must be 'fp32'")
         if self.clamp_limit is not None and not self.clamp_supported:
             raise ValueError(f"recipe {self.name} has no clamp, got clamp_limit={self.clamp_limit}")
         if self.clamp_limit is not None and not (self.clamp_limit >= 0):
@@ -210,18 +221,22 @@ SM90_PUSH_FP8 = Recipe(
     weight=Quant("fp8", block=(128, 128)), w13_stripe=None, fc1_out_bf16=True,
     clamp_supported=False, placement="combine", act_out_bf16=True,
     fc2_in=Quant("fp8", block=(1, 128)), fc2_out_bf16=True, combine_wire=Quant("fp8", block=(1, 128)),
+    combine_groups="owner_rank",
     tolerance=dataclasses.replace(
         _FP8_KERNEL_TOL, rel_l2=0.06, cosine=0.998, row_rel_l2=0.08, row_floor=0.006, band_c=E4M3_FLIP_BAND,
-        reason="measured on the H200 (2026-11-29, docs/validation): rel-L2 0.013-0.040, worst token 0.054, "
-               "worst element 14.3 band units over 18 batches (bound: one e4m3 flip, 32), against this "
-               "recipe, with the fp8 or the bf16 combine wire alike, while the pull kernel matches its "
-               "recipe to 0.003-0.007: a step of push_cuda's numerics is not yet emulated (open finding "
-               "in docs/validation). Bound = FlashInfer's own push-test contract scaled down "
-               "(they accept cos > 0.997, rel_rms < 0.10)"),
+        reason="measured on the H200 (2026-11-29, docs/validation) against this recipe *without* the grouped "
+               "combine: rel-L2 0.013-0.040, worst token 0.054, worst element 14.3 band units. The grouped "
+               "combine (read from the source afterwards) predicts that gap to within 0.001-0.004 on every "
+               "K>1 batch (0.036 of 0.037); the K=1 batches, where grouping changes nothing, were 0.002-0.029 "
+               "off. Kept at 0.06 until re-measured against this recipe on hardware; FlashInfer's own "
+               "push-test contract is cos > 0.997, rel_rms < 0.10"),
     source="catalogue §3.2 (1x128 act at the source, 128x128 weights in canonical order, silu(g)*u "
            "rounded to bf16 then 1x128 fp8, weight at the combine, fp8 combine wire); no clamp. FC1 and FC2 "
            "outputs are bf16 tensors (h, y in src/a2a/sm90_push_a2a_ops.cu silu_mul_quant_grouped_kernel and "
-           "combine_publish_*_kernel), read after the 2026-11-29 H200 run: not yet re-measured")
+           "combine_publish_*_kernel). grouped_combine=True (the config default): the wire carries one row "
+           "per (token, source rank), the fp32 fmaf sum of that rank's w*y in slot order, quantized 1x128 "
+           "(amax/448), and the destination sums the ep_size rows in rank order (shim/protocol.py:331, "
+           "combine_publish_fp8_grouped_kernel and combine_reduce_fp8_grouped_kernel in sm90_push_a2a_ops.cu)")
 
 SM90_PUSH_CAKE_BF16 = Recipe(
     name="sm90_push_cake_bf16",
