@@ -162,6 +162,11 @@ class Recipe:
         if self.clamp_limit is not None and not (self.clamp_limit >= 0):
             raise ValueError(f"clamp_limit must be >= 0, got {self.clamp_limit}")
 
+    @property
+    def ep_dependent(self) -> bool:
+        """Whether the recipe's output depends on the EP size (a combine grouped by owner rank)."""
+        return self.combine_groups == "owner_rank"
+
     def with_(self, **changes) -> "Recipe":
         return dataclasses.replace(self, **changes)
 

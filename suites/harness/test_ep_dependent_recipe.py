@@ -1,0 +1,36 @@
+"""An EP-dependent recipe through torch.distributed: reference.ep under the SM90 push kernel's recipe
+(combine grouped by owner rank) equals the oracle bit for bit at EP2 and EP4, and the grouping shows:
+the same global problem gives a different answer at EP1, by about one fp8 wire rounding."""
+from __future__ import annotations
+
+import pytest
+
+from fixtures.checks import Subject, check_oracle, expected
+from fixtures.compare import relative_l2
+from fixtures.impl import load
+from fixtures.problem import BatchCase, LayerCase, Scenario
+from reference.recipes import SM90_PUSH_FP8
+
+pytestmark = [pytest.mark.harness, pytest.mark.cpu, pytest.mark.ep]
+SPEC = f"reference-ep[{SM90_PUSH_FP8.name}]"
+LAYER = LayerCase(num_experts=8, hidden=128, intermediate=128, top_k=4, capacity=8, weight_seed=5)
+
+
+def _scenario(ep: int) -> Scenario:
+    total = 8
+    batches = (BatchCase(tokens=(total // ep,) * ep, seed=3),
+               BatchCase(tokens=(total // ep,) * ep, seed=4, pattern="cross_rank"))
+    return Scenario(LAYER, batches, ep)
+
+
+@pytest.mark.parametrize("ep", [2, 4])
+def test_reference_ep_matches_the_grouped_oracle_bitwise(ep):
+    subject = Subject(SPEC, load(SPEC), ep)
+    assert subject.caps.effective_tolerance.bitwise
+    check_oracle(subject, _scenario(ep))
+
+
+def test_the_grouped_recipe_depends_on_the_ep_size():
+    """The same global batch (the random one: cross_rank's routing depends on the EP size itself)."""
+    one, four = (expected(Scenario(LAYER, _scenario(ep).batches[:1], ep), SM90_PUSH_FP8)[0].ref for ep in (1, 4))
+    assert 0.005 < relative_l2(four, one) < SM90_PUSH_FP8.tolerance.rel_l2
