@@ -6,24 +6,17 @@ import random
 import pytest
 import torch
 
-from fixtures import arch
-from fixtures.checks import Subject, check_oracle, expected, oracle_device
+from fixtures.checks import Subject, check_oracle, regrouped_tolerance
 from fixtures.compare import compare
 from fixtures.problem import BatchCase, LayerCase, Scenario
-from fixtures.selection import selected_ep_sizes
+from fixtures.selection import ep_skip_reason, selected_ep_sizes
 from fixtures.strategies import masked_pattern
 
 pytestmark = pytest.mark.ep
 
 
 def _sizes(config, impl) -> list[int]:
-    caps = impl.capabilities
-    out = []
-    for ep in selected_ep_sizes(config):
-        shares = caps.ranks_share_device or caps.device == "cpu" or arch.gpu_count(caps.arch) >= ep
-        if ep in caps.ep_sizes and shares:
-            out.append(ep)
-    return out
+    return [ep for ep in selected_ep_sizes(config) if ep_skip_reason(impl.name, impl.capabilities, ep) is None]
 
 
 def test_same_global_problem_at_every_ep_size(subject, request):
@@ -50,14 +43,12 @@ def test_same_global_problem_at_every_ep_size(subject, request):
         scenario = Scenario(layer, (BatchCase(tokens=tokens, seed=7, method="DeepSeekV3", bias_scale=1.0,
                                               routed_scaling_factor=2.5, pattern=masked_pattern(caps)),), ep,
                             ("ep-invariance",))
-        sub = Subject(subject.spec, subject.impl, ep)
-        outputs[ep] = torch.cat(check_oracle(sub, scenario).outputs[0])
-    mag = expected(scenario, subject.recipe_for(scenario), oracle_device(subject))[0].term_mag
+        run = check_oracle(Subject(subject.spec, subject.impl, ep), scenario)
+        outputs[ep] = torch.cat(run.outputs[0])
+    mag = run.expected[0].term_mag  # per route, so the same at every EP size
     base = sizes[0]
     for ep in sizes[1:]:
-        tol = caps.recipe.tolerance if caps.recipe.ep_dependent and caps.effective_tolerance.bitwise \
-            else caps.effective_tolerance
-        verdict = compare(outputs[ep], outputs[base], mag, tol)
+        verdict = compare(outputs[ep], outputs[base], mag, regrouped_tolerance(caps))
         assert verdict.ok, (f"[ep-invariance] {subject.spec}: EP{ep} differs from EP{base} on the same global "
                             f"problem: {'; '.join(verdict.violations)}")
 
