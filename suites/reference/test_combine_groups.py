@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fixtures.compare import relative_l2
+from fixtures.problem import BatchCase, LayerCase, make_batch, make_weights
 from reference.moe import combine_terms, expert_owners, moe_reference, moe_terms, prepare_weights
 from reference.recipes import SM90_PUSH_FP8
 
@@ -15,12 +16,10 @@ PER_ROUTE = SM90_PUSH_FP8.with_(combine_groups="route")
 
 
 def _problem(t=24, e=8, k=4, h=256, i=128, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(t, h, generator=gen).to(torch.bfloat16)
-    w13 = (torch.randn(e, 2 * i, h, generator=gen) * h ** -0.5).to(torch.bfloat16)
-    w2 = (torch.randn(e, h, i, generator=gen) * i ** -0.5).to(torch.bfloat16)
-    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
-    return x, ids, torch.rand(t, k, generator=gen), w13, w2
+    """x, ids, w, w13, w2 of a Renormalize-routed batch (distinct ids per token)."""
+    layer = LayerCase(num_experts=e, hidden=h, intermediate=i, top_k=k, capacity=t, weight_seed=seed)
+    batch = make_batch(layer, BatchCase(tokens=(t,), seed=seed), 1)
+    return (batch.hidden_states, batch.topk_ids, batch.topk_weights, *make_weights(layer))
 
 
 def test_owners_follow_the_contiguous_expert_sharding():
