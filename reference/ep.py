@@ -13,8 +13,9 @@ Experts are sharded contiguously: global expert g lives on rank ``g // E_local``
    routes by owner rank, per owner rank then in rank order: ``reference.moe.combine_terms``).
 
 Its output is therefore bitwise equal, in fp32, to the rank's slice of the single-process reference,
-provided both run their CPU GEMMs with the same intra-op thread count (BLAS splits reductions by
-thread; the conformance harness runs ranks and oracle single-threaded).
+on any machine: ``reference.moe`` rounds every product correctly (``reference.exact``), so neither the
+BLAS kernel a shape or alignment selects nor the thread count changes a bit (its sigmoid needs one
+thread: the harness runs ranks and oracle single-threaded).
 Collectives inherit the process group's timeout (set it when creating the group).
 """
 from __future__ import annotations

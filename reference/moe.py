@@ -5,8 +5,11 @@ the up rows; ``w2 [E, H, I]``. ``topk_ids`` hold global expert ids; ``-1`` marks
 contributes nothing. Duplicate ids in one token accumulate (each slot is its own route).
 
 The computation groups routed (token, slot) pairs by expert, in token order, and runs one GEMM per
-expert. A rank of the expert-parallel reference (``reference.ep``) runs the very same per-expert GEMMs on
-the very same rows, which makes its output bitwise equal to the single-process one in fp32.
+expert. Every product is correctly rounded (``reference.exact.rounded_mm``) and the one transcendental
+(the SwiGLU sigmoid) is evaluated the same way for every element (:func:`_sigmoid`), so a row's terms
+do not depend on which other rows share its GEMM, on the BLAS, the CPU, the pointer alignment or the
+thread count: the expert-parallel reference (``reference.ep``) is bitwise equal to the single-process
+one by construction, whatever machine runs them.
 """
 from __future__ import annotations
 
@@ -15,9 +18,24 @@ from dataclasses import dataclass
 
 import torch
 
+from reference.exact import rounded_mm
 from reference.recipes import Recipe
 
 DEFAULT_CHUNK_ROWS = 4096
+_LANES = 64  # a multiple of every CPU vector width (AVX-512 fp32: 16) and of its unrolled body
+
+
+def _sigmoid(x: torch.Tensor) -> torch.Tensor:
+    """``torch.sigmoid``, every element through the same code path. On a CPU, ATen runs the vectorized
+    body (SLEEF exp) over whole vectors and a scalar loop (libm exp) over the tail, and the two differ
+    in the last bit (seen here: 37 of 4928 elements between one row at a time and the whole set). Padding
+    the flat buffer to whole vectors puts every element in the body. Single-threaded callers only: a
+    parallel split makes tails of its own (the harness runs the reference single-threaded)."""
+    flat = x.reshape(-1)
+    pad = (-flat.numel()) % _LANES
+    if x.device.type != "cpu" or not pad:
+        return torch.sigmoid(x)
+    return torch.sigmoid(torch.cat((flat, flat.new_zeros(pad))))[:flat.numel()].view_as(x)
 
 
 def interleave_gate_up(w13: torch.Tensor, stripe: int) -> torch.Tensor:
@@ -97,21 +115,21 @@ def _clamp(gate, up, recipe: Recipe):
 def _expert_rows(a, w, expert_w13, expert_w2, recipe: Recipe, magnitude: bool = False):
     """FC1 -> clamp -> SwiGLU -> FC2 for the rows ``a`` [n, H] routed to one expert; returns terms [n, H]
     (and, with ``magnitude``, the absolute FC2 product magnitude |s| @ |W2|^T, scaled like the term)."""
-    h = torch.mm(a, expert_w13.t())
+    h = rounded_mm(a, expert_w13)
     if recipe.fc1_out_bf16:
         h = h.to(torch.bfloat16).float()
     inter = h.shape[1] // 2
     gate, up = _clamp(h[:, :inter], h[:, inter:], recipe)
-    s = up * gate * torch.sigmoid(gate)
+    s = up * gate * _sigmoid(gate)
     if recipe.placement == "before_fc2_quant":
         s = s * w[:, None]
     if recipe.act_out_bf16:
         s = s.to(torch.bfloat16).float()
     s = recipe.fc2_in.round_trip(s)
-    y = torch.mm(s, expert_w2.t())
+    y, mag = rounded_mm(s, expert_w2, with_magnitude=True) if magnitude else (rounded_mm(s, expert_w2), None)
+    mag = None if mag is None else mag.float()
     if recipe.fc2_out_bf16:
         y = y.to(torch.bfloat16).float()
-    mag = torch.mm(s.abs(), expert_w2.abs().t()) if magnitude else None
     if recipe.placement == "combine":
         y = y * w[:, None]
         mag = mag * w.abs()[:, None] if magnitude else None

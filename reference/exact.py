@@ -1,0 +1,140 @@
+"""Correctly rounded fp32 matrix products: the same bits whatever BLAS, blocking, alignment or device.
+
+A plain fp32 GEMM's bits depend on the kernel the BLAS picks for a shape, a pointer alignment or a
+row count (seen on an AMD EPYC and an Intel Xeon: one row at a time and the whole set differ in ~5% of
+elements). The reference claims bitwise equality between its single-process and distributed forms,
+so its products must not depend on any of that.
+
+:func:`rounded_mm` returns, for every element, the fp32 value nearest to the *exact* dot product
+(ties to even), by construction (the Ozaki splitting, with a certified bound):
+
+1. each row of ``a`` and of ``b`` is split, exactly, into a high part on a coarse grid (``beta`` bits
+   below the row's largest power of two) and the rest: ``a = a_hi + a_lo``. The products of the high
+   parts are multiples of one quantum per (i, j) and their sum stays below 2^53 quanta, so the fp64
+   GEMM ``a_hi @ b_hi^T`` is *exact* in any summation order;
+2. the correction ``a @ b_lo^T + a_lo @ b_hi^T`` is ``2^-beta`` smaller, and an fp64 GEMM errs by at
+   most ``gamma_k = k u / (1 - k u)`` (``u = 2^-53``) times the sum of its absolute products, in any
+   order, with or without FMA (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., 3.5);
+3. the two fp64 additions that join the parts keep their exact errors (TwoSum). Where every real
+   number within the remaining error radius of the fp64 value rounds to one fp32 value, that value is
+   the answer (a zero radius, as for bf16 inputs, means the fp64 value is exact: ties round to even);
+   elsewhere (an fp32 tie, or within ~2^-50 relative of one: about one element in 10^4 for bf16
+   inputs) the dot product is summed exactly (:func:`_exact_dots`) and rounded once.
+
+With ``with_magnitude`` it also returns ``|a| @ |b|^T`` in fp64: the scale that bounds a kernel's
+legitimate rounding differences (``reference.moe``'s term magnitude).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+_U = 2.0 ** -53
+_SCALE_EXP = 298  # fp32 products are multiples of 2^-298 (smallest subnormal 2^-149, squared)
+
+
+def _split(x: torch.Tensor, beta: int):
+    """Per row: ``x = hi + lo`` exactly, ``hi`` a multiple of ``quantum = 2^(e - beta)`` where 2^e is the
+    row's largest power of two, so ``|hi| <= 2^(beta + 1)`` quanta. Returns hi, lo."""
+    top = x.abs().amax(dim=1, keepdim=True)
+    exponent = torch.frexp(torch.where(top > 0, top, torch.ones_like(top))).exponent - 1
+    quantum = torch.ldexp(torch.ones_like(top), (exponent - beta).to(top.dtype))
+    hi = torch.round(x / quantum) * quantum  # exact: scaling by a power of two, round to an integer
+    return hi, x - hi
+
+
+def _two_sum(a: torch.Tensor, b: torch.Tensor):
+    """``s = fl(a + b)`` and the exact error ``e`` with ``a + b = s + e`` (Knuth; separate IEEE ops)."""
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def _fp32_decided(value: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
+    """Where every real number within ``radius`` of ``value`` (fp64) rounds to the same fp32 as ``value``.
+    The midpoints between neighbouring fp32 values are exact in fp64, and so are the distances to them
+    (Sterbenz); a zero radius means ``value`` is exact, and ``value.float()`` rounds it correctly."""
+    f = value.float()
+    up = torch.nextafter(f, torch.full_like(f, math.inf)).double()
+    down = torch.nextafter(f, torch.full_like(f, -math.inf)).double()
+    f = f.double()
+    clear = 2.0 * radius  # margin over the few roundings in the radius itself
+    return (radius == 0) | ((value - (f + down) / 2 > clear) & ((f + up) / 2 - value > clear))
+
+
+def _mm_unless_zero(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b^T``, skipped when either side is all zero (the split of bf16 values leaves no low part)."""
+    if not (bool(a.any()) and bool(b.any())):
+        return a.new_zeros(a.shape[0], b.shape[0])
+    return a @ b.t()
+
+
+def rounded_mm(a: torch.Tensor, b: torch.Tensor, *, with_magnitude: bool = False):
+    """``a [n, k] @ b [m, k]^T`` in fp32, each element the correctly rounded exact dot product.
+
+    ``a`` and ``b`` must hold fp32-representable values (any float dtype up to fp32)."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
+        raise ValueError(f"rounded_mm needs a [n, k] and b [m, k], got {tuple(a.shape)} and {tuple(b.shape)}")
+    a64, b64 = a.float().double(), b.float().double()
+    k = max(a.shape[1], 1)
+    beta = (51 - math.ceil(math.log2(k))) // 2  # k * (2^(beta+1))^2 <= 2^53: the high GEMM is exact
+    a_hi, a_lo = _split(a64, beta)
+    b_hi, b_lo = _split(b64, beta)
+    exact = a_hi @ b_hi.t()
+    correction, e1 = _two_sum(_mm_unless_zero(a64, b_lo), _mm_unless_zero(a_lo, b_hi))
+    value, e2 = _two_sum(exact, correction)
+    # The two correction GEMMs err by at most gamma_k times their absolute products, which are at most
+    # ||a_i||_1 max|b_lo_j| and max|a_lo_i| ||b_hi_j||_1 (zero where the split left nothing: bf16 inputs).
+    gamma = k * _U / (1.0 - k * _U)
+    gemm_error = gamma * (a64.abs().sum(1, keepdim=True) * b_lo.abs().amax(1, keepdim=True).t()
+                          + a_lo.abs().amax(1, keepdim=True) * b_hi.abs().sum(1, keepdim=True).t())
+    radius = (e1 + e2).abs() + gemm_error
+    out = value.float()
+    unsure = ~_fp32_decided(value, radius) & torch.isfinite(value)
+    if bool(unsure.any()):
+        rows, cols = unsure.nonzero(as_tuple=True)
+        out[rows, cols] = _exact_dots(a64[rows], b64[cols]).to(out.device)
+    if not with_magnitude:
+        return out
+    return out, a64.abs() @ b64.abs().t()
+
+
+def _exact_dots(a: torch.Tensor, b: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """Row-wise exact dot products of fp64 ``a [n, k]`` and ``b [n, k]`` (fp32 values), rounded once to
+    fp32. The products are exact in fp64; they are summed level by level, each level on a grid coarse
+    enough that its sum is exact in any order, until nothing is left; the few level sums (multiples of
+    2^-298) are then added as integers and rounded (:func:`round_scaled_int_to_fp32`)."""
+    out = torch.empty(a.shape[0], dtype=torch.float32)
+    k = max(a.shape[1], 1)
+    beta = 51 - math.ceil(math.log2(k))  # k * 2^(beta + 1) quanta <= 2^53: each level's sum is exact
+    for lo in range(0, a.shape[0], chunk):
+        rest = a[lo:lo + chunk] * b[lo:lo + chunk]
+        levels = []
+        while bool((rest != 0).any()):
+            hi, rest = _split(rest, beta)
+            levels.append(hi.sum(1))
+        sums = torch.stack(levels, 1).cpu().tolist() if levels else [[] for _ in range(rest.shape[0])]
+        out[lo:lo + len(sums)] = torch.tensor(
+            [round_scaled_int_to_fp32(sum(int(math.ldexp(v, _SCALE_EXP)) for v in row), _SCALE_EXP) for row in sums],
+            dtype=torch.float32)
+    return out
+
+
+def round_scaled_int_to_fp32(total: int, scale_exp: int) -> float:
+    """``total * 2^-scale_exp`` rounded to the nearest fp32 (ties to even), as a Python float."""
+    if total == 0:
+        return 0.0
+    sign, mag = (-1.0 if total < 0 else 1.0), abs(total)
+    top = mag.bit_length() - 1 - scale_exp  # the binary exponent of the exact value
+    quantum = max(top - 23, -149)  # fp32 keeps 24 significant bits; subnormals have a fixed quantum
+    shift = quantum + scale_exp
+    if shift <= 0:
+        q = mag << -shift
+    else:
+        q, rest = divmod(mag, 1 << shift)
+        half = 1 << (shift - 1)
+        if rest > half or (rest == half and q & 1):
+            q += 1
+    value = math.ldexp(q, quantum)  # exact: q has at most 25 bits
+    return sign * (math.inf if value >= 2.0 ** 128 else value)  # past fp32's largest finite value
