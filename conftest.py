@@ -1,7 +1,8 @@
 """Suite-wide options, hypothesis profiles, implementation selection, arch gating and reporting.
 
 * ``--impl NAME|pkg.module:factory`` (repeatable, comma-separated; env ``MOE_CONFORMANCE_IMPL``):
-  the implementations the generic suites test. Default: ``reference-ep``.
+  the implementations the generic suites test. Default: ``reference-ep`` plus every registered backend
+  of an arch that ``-m`` names (``pytest -m sm90``: every Hopper backend) or that a GPU here has.
 * ``--ep 1,2,4,8`` (env ``MOE_CONFORMANCE_EP``): the EP sizes.
 * hypothesis profile: ``--hypothesis-profile dev|ci|nightly|device`` (env ``MOE_HYPOTHESIS_PROFILE``;
   ``ci`` when ``CI`` is set, else ``dev``); ``MOE_HYPOTHESIS_EXAMPLES=N`` caps its examples.
@@ -17,10 +18,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
 
-from fixtures import arch, results
+from fixtures import arch, cuda_health, results
 from fixtures.dist.inprocess import launched_by_torchrun
 from fixtures.dist.pool import close_all
-from fixtures.selection import DEFAULT_EP, DEFAULT_IMPLS, ep_skip_reason, selected_ep_sizes, selected_impls
+from fixtures.selection import DEFAULT_EP, ep_skip_reason, selected_ep_sizes, selected_impls
 
 # Hypothesis profiles, in one place. Cases run on rank pools, so no per-example deadline.
 _COMMON = dict(deadline=None, print_blob=True,
@@ -49,7 +50,8 @@ def pytest_addoption(parser):
     group = parser.getgroup("moe-conformance")
     group.addoption("--impl", action="append", default=None,
                     help="implementation(s) under test: a registered name or pkg.module:factory "
-                         f"(env MOE_CONFORMANCE_IMPL; default {DEFAULT_IMPLS})")
+                         "(env MOE_CONFORMANCE_IMPL; default: reference-ep plus every backend of an arch that -m "
+                         "names or a GPU here has; 'all': every registered one)")
     group.addoption("--ep", default=None, help=f"EP sizes, comma-separated (env MOE_CONFORMANCE_EP; default {DEFAULT_EP})")
     group.addoption("--results-dir", default=os.environ.get("MOE_RESULTS_DIR", "results"),
                     help="where per-case JSON results are written (env MOE_RESULTS_DIR)")
@@ -75,21 +77,41 @@ def pytest_report_header(config):
     ]
 
 
-def _ep_of(item) -> int:
+def _pool_order(item) -> tuple[int, str]:
     callspec = getattr(item, "callspec", None)
     subject = callspec.params.get("subject") if callspec else None
-    return subject[2] if subject else 0
+    return (subject[2], subject[0]) if subject else (0, "")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items):
-    # Run all cases of one EP size together: pools stay warm instead of restarting at every test.
-    items.sort(key=_ep_of)
+    # Every test of one (EP size, implementation) together: its rank pool and built layers stay warm
+    # instead of restarting whenever the next test names another backend (a pool per kernel). Under
+    # ``-n N --dist loadgroup`` (ci/test.sh on a GPU host) each such group, and each module of other
+    # tests (module-scoped GPU layers), runs on one worker.
+    items.sort(key=_pool_order)
+    for item in items:
+        ep, spec = _pool_order(item)
+        item.add_marker(pytest.mark.xdist_group(f"{spec}@EP{ep}" if spec else item.module.__name__))
     for item in items:
         for tag in arch.ARCH_MARKERS:
             if item.get_closest_marker(tag):
                 reason = arch.skip_reason(tag)
                 if reason:
                     item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True)
+def _cuda_context_health(request):
+    """After a CUDA fault in this process, in-process GPU tests skip naming it (subject tests keep running:
+    their backends run in rank pools, their oracles move to the CPU); a test that leaves the context
+    broken fails in its teardown with the error."""
+    gpu = any(request.node.get_closest_marker(tag) for tag in arch.ARCH_MARKERS)
+    if gpu and cuda_health.lost() and "subject" not in request.fixturenames:
+        pytest.skip(f"this process's CUDA context was lost in {cuda_health.lost()}")
+    yield
+    if gpu:
+        cuda_health.check(request.node.nodeid)
 
 
 def pytest_terminal_summary(terminalreporter):

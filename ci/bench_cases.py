@@ -1,67 +1,76 @@
-"""Benchmark: fuzzed conformance cases per minute per implementation, after warm-up (JIT, pool start).
+"""Benchmark: drawn conformance cases per minute, as a user of the suite gets them.
 
-    python -m ci.bench_cases [--seconds 30] [--impls a,b] [--ep 1]          # the SM90 backends on a GPU
-    python -m ci.bench_cases --impls reference-ep --ep 4 --hidden 512 --max-tokens 64   # CPU, EP4
+    python -m ci.bench_cases                      # runs the real suite's test_matches_reference, then reports
+    python -m ci.bench_cases -m sm90 --ep 1       # (pytest options pass through: arch, --impl, --ep, ...)
+    python -m ci.bench_cases --from results       # reports on the per-case records of a run already made
 
-Each case = one random batch (T uniform in [1, max_tokens] per rank) through a built layer
-(H=--hidden, I=1024, E=16, K=8), every rank's output compared with the recipe reference (on the GPU when
-the implementation runs there) by the full tolerance check. Layer build and the first case are
-excluded and reported separately.
+Nothing is timed here: the figures come from the per-case records (``cases-*.jsonl``) that
+``suites/conformance/test_generic.py::test_matches_reference`` writes for every drawn case, under the
+hypothesis profile the run used (``ci`` by default, as ``ci/test.sh``). Per implementation and EP size:
+cases, their summed wall time, cases per minute, layers built, and the split of case time into the
+ranks' build and forward, this process's wait for the ranks, the recipe oracle and the textbook oracle.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import random
-import time
+import os
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
 
-from fixtures import checks
-from fixtures.dist.pool import close_all
-from fixtures.impl import load
-from fixtures.problem import BatchCase, LayerCase, Scenario
+from fixtures.results import case_records
 
-DEFAULT_IMPLS = ("sm90_fp8_fp8_bf16_pull_cutedsl[blockwise],sm90_fp8_fp8_bf16_pull_cutedsl[per_tensor],"
-                 "sm90_bf16_bf16_bf16_push_cake,sm90_fp8_fp8_bf16_push_cuda")
+CHECK = "oracle+textbook"  # the records of test_matches_reference
+COLUMNS = ("impl", "EP", "cases", "case s", "cases/min", "layers built", "rank build %", "rank forward %",
+           "run wait %", "oracle %", "textbook %")
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    p.add_argument("--seconds", type=float, default=30)
-    p.add_argument("--impls", default=DEFAULT_IMPLS)
-    p.add_argument("--ep", type=int, default=1)
-    p.add_argument("--max-tokens", type=int, default=1024)
-    p.add_argument("--hidden", type=int, default=4096)
-    p.add_argument("--inter", type=int, default=1024)
-    a = p.parse_args(argv)
-    report = {}
-    rng = random.Random(0)
-    try:
-        for spec in a.impls.split(","):
-            subject = checks.Subject(spec, load(spec), a.ep)
-            layer = LayerCase(num_experts=16, hidden=a.hidden, intermediate=a.inter, top_k=8,
-                              capacity=a.max_tokens, weight_seed=5)
-            def case(tokens):
-                return Scenario(layer, (BatchCase(tokens=tokens, seed=rng.randrange(2**31),
-                                                  method=rng.choice(["Renormalize", "DeepSeekV3", "Sigmoid"])),), a.ep)
-            start = time.monotonic()
-            checks.check_oracle(subject, case((a.max_tokens,) * a.ep))
-            warm_s = time.monotonic() - start
-            count, tokens, start = 0, 0, time.monotonic()
-            while time.monotonic() - start < a.seconds:
-                drawn = tuple(rng.randint(1, a.max_tokens) for _ in range(a.ep))
-                checks.check_oracle(subject, case(drawn))
-                count, tokens = count + 1, tokens + sum(drawn) / a.ep
-            elapsed = time.monotonic() - start
-            report[spec] = {"cases_per_minute": 60 * count / elapsed, "cases": count, "seconds": elapsed,
-                            "mean_tokens_per_rank": tokens / max(count, 1), "build_and_first_case_s": warm_s}
-            print(f"{spec:48s} {60 * count / elapsed:7.1f} cases/min ({count} cases in {elapsed:.0f}s, mean T/rank "
-                  f"{tokens / max(count, 1):.0f}; build + first case {warm_s:.1f}s)", flush=True)
-            close_all()
-    finally:
-        close_all()
-    print("BENCH " + json.dumps(report))
-    return report
+def summarise(records) -> dict[tuple[str, int], dict]:
+    out: dict[tuple[str, int], dict] = defaultdict(lambda: defaultdict(float))
+    for rec in records:
+        if rec.get("check") != CHECK:
+            continue
+        s = out[(rec["impl"], rec["ep"])]
+        s["cases"] += 1
+        s["case s"] += rec["seconds"]
+        s["layers built"] += rec.get("layers_built", 0)
+        s["rank build"] += rec.get("rank_seconds", {}).get("build", 0.0)
+        s["rank forward"] += sum(v for k, v in rec.get("rank_seconds", {}).items() if k.endswith("forward"))
+        for kind in ("run", "oracle", "textbook"):
+            s[kind] += rec.get("process_seconds", {}).get(kind, 0.0)
+    return out
+
+
+def table(summary: dict[tuple[str, int], dict]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for (impl, ep), s in sorted(summary.items()):
+        total = s["case s"] or 1e-9
+        cells = [impl, str(ep), str(int(s["cases"])), f"{s['case s']:.1f}", f"{60 * s['cases'] / total:.1f}",
+                 str(int(s["layers built"]))]
+        cells += [f"{100 * s[k] / total:.0f}" for k in ("rank build", "rank forward", "run", "oracle", "textbook")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--from", dest="source", type=Path, help="a results dir of a run already made")
+    a, pytest_args = p.parse_known_args(argv)
+    source = a.source
+    if source is None:
+        source = Path(tempfile.mkdtemp(prefix="bench-cases-"))
+        env = {**os.environ, "MOE_HYPOTHESIS_PROFILE": os.environ.get("MOE_HYPOTHESIS_PROFILE", "ci")}
+        cmd = [sys.executable, "-m", "pytest", "suites/conformance/test_generic.py", "-k", "test_matches_reference",
+               "-q", "-p", "no:cacheprovider", "--results-dir", str(source), *pytest_args]
+        print("running:", " ".join(cmd), flush=True)
+        done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env)
+        if done.returncode not in (0, 5):
+            print(f"the suite failed (exit {done.returncode}): figures below cover the cases that ran")
+    print(table(summarise(case_records(source))))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

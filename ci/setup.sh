@@ -3,12 +3,22 @@
 #   CPU machine: a .venv in the repo, torch==2.13.0 FIRST (the CPU build on local disk; anything that
 #   depends on torch installed before it would pull a multi-GB CUDA build), then the pinned test deps
 #   and flashinfer-python (its public API is pinned by CPU tests).
-#   GPU host prepared with ../shared/gpu (no network): ~/gpu-env.sh is sourced and its python3 used.
+#   GPU host prepared with ../shared/gpu (no network): ~/gpu-env.sh is sourced and its python3 used;
+#   a packed FlashInfer JIT cache (MOE_JIT_CACHE, default .gpu/jit/fi-jit.tgz) is restored once, so the
+#   kernels load instead of compiling (minutes on a fresh host).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 if [ -f "$HOME/gpu-env.sh" ] && [ "${MOE_USE_VENV:-0}" != "1" ]; then
   # shellcheck disable=SC1091
   source "$HOME/gpu-env.sh"
+  jit="${MOE_JIT_CACHE:-$root/.gpu/jit/fi-jit.tgz}"
+  if [ -f "$jit" ]; then
+    marker="$HOME/.cache/moe-jit-restored-$(sha256sum "$jit" | cut -c1-16)"
+    if [ ! -f "$marker" ]; then
+      echo "restoring the FlashInfer JIT cache $jit" >&2
+      bash "$root/ci/restore_jit_cache.sh" "$jit" "$HOME/.cache" "$HOME/gpu-site" >&2 && touch "$marker"
+    fi
+  fi
   echo "python3"
   exit 0
 fi

@@ -10,20 +10,13 @@ validation log and for nightly jobs to collect. Prints a Markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 from collections import defaultdict
 
+from fixtures.results import case_records
+
 COLUMNS = ("impl", "EP", "cases", "checks", "rel-L2 max", "cosine min", "token max", "band max",
            "textbook max", "case s (sum)", "rank build s", "rank forward s", "oracle s")
-
-
-def _rows(paths: list[pathlib.Path]):
-    for path in paths:
-        for file in sorted(path.rglob("*cases-*.jsonl")) if path.is_dir() else [path]:
-            for line in file.read_text().splitlines():
-                if line.strip():
-                    yield json.loads(line)
 
 
 def summarise(records) -> dict[tuple[str, int], dict]:
@@ -61,7 +54,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("paths", nargs="+", type=pathlib.Path, help="results dirs or cases-*.jsonl files")
     a = p.parse_args(argv)
-    print(markdown(summarise(_rows(a.paths))))
+    print(markdown(summarise(case_records(*a.paths))))
     return 0
 
 

@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
 # The project's own tests, set-up included: the README's test command, and what .ci/run calls.
 # On a CPU machine every GPU test skips with its reason; the CPU tier runs reference-ep at EP1/2/4/8.
+# On a GPU host (bash ci/test.sh -m sm90) the run is spread over MOE_WORKERS pytest-xdist workers
+# (default 4), each (backend, EP size) on one worker so its rank pool stays warm; pass -n yourself, or
+# MOE_WORKERS=0, to choose otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py="$(bash ci/setup.sh)"
 export MOE_HYPOTHESIS_PROFILE="${MOE_HYPOTHESIS_PROFILE:-ci}"
-exec "$py" -m pytest "$@"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+spread=()
+if [ "${MOE_WORKERS:-4}" != 0 ] && ! [[ " $* " =~ " -n"|" --numprocesses"|"no:xdist" ]] \
+   && "$py" -c 'import sys, torch, xdist; sys.exit(0 if torch.cuda.device_count() else 1)' 2>/dev/null; then
+  spread=(-n "${MOE_WORKERS:-4}" --dist loadgroup)
+fi
+exec "$py" -m pytest "${spread[@]}" "$@"

@@ -1,8 +1,10 @@
-"""The textbook MoE oracle: per token, per slot, in fp64, written independently of ``reference.moe``.
+"""The textbook MoE oracle in fp64, written independently of ``reference.moe``.
 
-No quantization, no intermediate rounding, no vectorization: the mathematical layer the recipes
-approximate. It keeps only what changes the *meaning* of the layer: the clamp and where the routing
-weight applies (on the input, Llama4-style, or on the expert output).
+No quantization, no intermediate rounding: the mathematical layer the recipes approximate. It keeps
+only what changes the *meaning* of the layer: the clamp and where the routing weight applies (on the
+input, Llama4-style, or on the expert output). Vectorized per expert and run on the device of
+``hidden_states`` (a GPU runs fp64 GEMMs at tens of TFLOP/s), so it costs a fraction of a case; its
+per-token, per-slot twin lives in ``suites/reference/test_moe.py`` as this function's own check.
 """
 from __future__ import annotations
 
@@ -25,34 +27,35 @@ def textbook_moe(
     clamp_limit: float | None = None,
     clamp_style: str = "gate_upper",
     weight_on_input: bool = False,
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """out[t] = sum_k w_tk * W2[e] (up * silu(gate)) with [gate; up] = W13[e] x_t, in fp64 [T, H]."""
+    """out[t] = sum_k w_tk * W2[e] (up * silu(gate)) with [gate; up] = W13[e] x_t, in fp64 [T, H] on
+    ``device`` (default: that of ``hidden_states``). Slots with id -1 contribute nothing."""
+    device = torch.device(device) if device is not None else hidden_states.device
     tokens, top_k = topk_ids.shape
     inter = w13.shape[1] // 2
-    out = torch.zeros(tokens, w13.shape[2], dtype=torch.float64)
-    ids = topk_ids.tolist()
-    weights = topk_weights.double().tolist()
-    for t in range(tokens):
-        x = hidden_states[t].double().cpu()
-        for k in range(top_k):
-            e = ids[t][k]
-            if e < 0:
-                continue
-            w = weights[t][k]
-            h = w13[e].double().cpu() @ (x * w if weight_on_input else x)
-            gate, up = h[:inter], h[inter:]
-            if clamp_limit is not None:
-                lo = -math.inf if clamp_style == "gate_upper" else -clamp_limit
-                gate = gate.clamp(lo, clamp_limit)
-                up = up.clamp(-clamp_limit, clamp_limit)
-            y = w2[e].double().cpu() @ (up * _silu(gate))
-            out[t] += y if weight_on_input else w * y
+    x = hidden_states.to(device, torch.float64)
+    ids = topk_ids.to(device).reshape(-1).long()
+    weights = topk_weights.to(device, torch.float64).reshape(-1)
+    token = torch.arange(tokens, device=device).repeat_interleave(top_k)
+    out = torch.zeros(tokens, w13.shape[2], dtype=torch.float64, device=device)
+    for e in torch.unique(ids[ids >= 0]).tolist():
+        routes = (ids == e).nonzero().squeeze(1)
+        w = weights[routes, None]
+        xs = x[token[routes]] * w if weight_on_input else x[token[routes]]
+        h = xs @ w13[e].to(device, torch.float64).t()
+        gate, up = h[:, :inter], h[:, inter:]
+        if clamp_limit is not None:
+            gate = gate.clamp(-math.inf if clamp_style == "gate_upper" else -clamp_limit, clamp_limit)
+            up = up.clamp(-clamp_limit, clamp_limit)
+        y = (up * _silu(gate)) @ w2[e].to(device, torch.float64).t()
+        out.index_add_(0, token[routes], y if weight_on_input else w * y)
     return out
 
 
-def textbook_for_recipe(hidden_states, topk_ids, topk_weights, w13, w2, recipe) -> torch.Tensor:
+def textbook_for_recipe(hidden_states, topk_ids, topk_weights, w13, w2, recipe, *, device=None) -> torch.Tensor:
     """The textbook oracle with the recipe's semantic choices (clamp, weight on input)."""
     return textbook_moe(
         hidden_states, topk_ids, topk_weights, w13, w2,
         clamp_limit=recipe.clamp_limit, clamp_style=recipe.clamp_style,
-        weight_on_input=recipe.placement == "input")
+        weight_on_input=recipe.placement == "input", device=device)

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fixtures import arch, results
-from fixtures.flashinfer.routing_check import PATTERNS, RoutingCase, check, routing_cases
+from fixtures.flashinfer.routing_check import KEPT_GROUPS_BEYOND_FOUR, PATTERNS, RoutingCase, check, routing_cases
 from fixtures.findings import expect_finding
 from fixtures.flashinfer.routing_ops import BY_NAME, OPS, RoutingOp, call
 from reference.routing import BIASED_METHODS
@@ -46,6 +46,23 @@ def test_matches_reference(op, method, data):
     case = data.draw(routing_cases(op, method, patterns), label="case")
     metrics = check(case, torch.device("cuda", 0))
     results.record("routing", case=case.to_json(), **metrics)
+
+
+def _grouped_ops():
+    return [pytest.param(op, id=op.name, marks=_on_supported_gpu(op)) for op in OPS
+            if op.grouped and "DeepSeekV3" in op.methods]
+
+
+@pytest.mark.parametrize("op", _grouped_ops())
+def test_kept_groups_beyond_four(op):
+    """topk_group = 5 of 8 groups: the case the ci profile drew on 2026-12-01 (F10 where declared)."""
+    case = RoutingCase(op=op.name, **KEPT_GROUPS_BEYOND_FOUR)
+    try:
+        check(case, torch.device("cuda", 0))
+        ok, observed = True, "the op keeps all topk_group groups"
+    except AssertionError as err:
+        ok, observed = False, str(err).splitlines()[0]
+    expect_finding(op.name, op.finding("F10"), "F10", ok, observed)
 
 
 def _ungrouped_top_k(op: RoutingOp, method: str) -> int:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 
 import pytest
@@ -29,14 +30,18 @@ def _subject(ep: int) -> Subject:
 @pytest.mark.parametrize("ep, rank", [(4, 2), (2, 1)])
 def test_a_hung_rank_is_named_with_its_phase_and_the_pool_recovers(ep, rank):
     subject, scenario = _subject(ep), _scenario(ep)
+    check_oracle(subject, scenario)  # a started pool, whose ranks' pids are known
+    pool = get_pool(subject.pool_key)
+    hung_pids = [r.pid for r in pool.ranks.values()]
     started = time.monotonic()
     with pytest.raises(RankFailure) as info:
         run_scenario(subject, scenario, timeout_s=CASE_TIMEOUT_S,
                      inject={"rank": rank, "phase": "forward", "action": "sleep", "seconds": 3600})
     elapsed = time.monotonic() - started
     message = str(info.value)
-    assert f"rank {rank} (last phase: batch 0 forward)" in message, message
+    assert re.search(f"rank {rank} \\(last phase: batch 0 (first-)?forward\\)", message), message
     assert "timed out" in message and elapsed < REPORT_BOUND_S
+    _assert_gone(hung_pids)
     check_oracle(subject, scenario)  # a fresh pool runs the next case
 
 
@@ -59,6 +64,59 @@ def test_a_raising_rank_reports_its_traceback():
     with pytest.raises(RankFailure, match="cannot be split evenly"):
         run_scenario(subject, bad, timeout_s=CASE_TIMEOUT_S)
     check_oracle(subject, _scenario(2))
+
+
+def _assert_gone(pids) -> None:
+    """Every rank of a killed pool is gone, the hung one too (each rank has a session of its own)."""
+    deadline = time.monotonic() + 10
+    alive = list(pids)
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _alive(p)]
+        time.sleep(0.2)
+    assert not alive, f"ranks left running after the pool was killed: {alive}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:  # a zombie is gone in all but name
+        return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _fresh_case(ep: int, seed: int) -> dict:
+    scenario = Scenario(LayerCase(num_experts=2 * ep, hidden=32, intermediate=16, top_k=2, capacity=8,
+                                  weight_seed=seed), (BatchCase(tokens=(4,) * ep, seed=1),), ep)
+    return {"id": f"jit-{seed}", "impl": "reference-ep", "scenario": scenario.to_json()}
+
+
+def test_a_slow_layer_build_is_charged_to_the_jit_bound_not_the_case():
+    """A first JIT build takes minutes on a fresh host: with a JIT bound, build time is not case time."""
+    pool = get_pool(PoolKey(2, "gloo"))
+    slow_build = {"rank": 1, "phase": "build", "action": "sleep", "seconds": 4}
+    result = pool.run({**_fresh_case(2, 501), "inject": slow_build}, timeout_s=2, jit_timeout_s=60)
+    assert set(result) == {0, 1}
+
+
+def test_a_build_past_the_jit_bound_is_reported_as_such():
+    pool = get_pool(PoolKey(2, "gloo"))
+    pool.run(_fresh_case(2, 500))
+    pids = [r.pid for r in pool.ranks.values()]
+    started = time.monotonic()
+    with pytest.raises(RankFailure, match=r"first forward \(JIT\) ran past 3s.*rank 1 \(last phase: build\)"):
+        pool.run({**_fresh_case(2, 502), "inject": {"rank": 1, "phase": "build", "action": "sleep", "seconds": 3600}},
+                 timeout_s=60, jit_timeout_s=3)
+    assert time.monotonic() - started < REPORT_BOUND_S
+    _assert_gone(pids)
+    check_oracle(_subject(2), _scenario(2))
+
+
+def test_without_a_jit_bound_a_slow_build_counts_as_case_time():
+    pool = get_pool(PoolKey(2, "gloo"))
+    with pytest.raises(RankFailure, match="timed out after 2s"):
+        pool.run({**_fresh_case(2, 503), "inject": {"rank": 0, "phase": "build", "action": "sleep", "seconds": 3600}},
+                 timeout_s=2)
 
 
 def test_closing_a_pool_leaves_no_process_behind():

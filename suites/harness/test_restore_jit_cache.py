@@ -71,3 +71,22 @@ def test_touching_the_outputs_instead_rebuilds(packed):
     for f in mod.iterdir():
         _set_mtime(f, 5400)  # the previous fix: every restored file dated after the install
     assert "no work to do" not in _dry_run(mod)
+
+
+def test_setup_restores_a_packed_cache_once_on_a_prepared_gpu_host(tmp_path):
+    """ci/setup.sh, as every command runs it: on a host with ~/gpu-env.sh, the packed cache is unpacked
+    into ~/.cache before the first test, and only once."""
+    home, packed = tmp_path / "home", tmp_path / "packed"
+    (home / "gpu-site").mkdir(parents=True)
+    (home / "gpu-env.sh").write_text("true\n")
+    (packed / "flashinfer" / "0.7.2.post1" / "90a").mkdir(parents=True)
+    (packed / "flashinfer" / "0.7.2.post1" / "90a" / "module.so").write_text("compiled")
+    tarball = tmp_path / "fi-jit.tgz"
+    subprocess.run(["tar", "czf", str(tarball), "-C", str(packed), "flashinfer"], check=True)
+    env = {**os.environ, "HOME": str(home), "MOE_JIT_CACHE": str(tarball)}
+    first = subprocess.run(["bash", "ci/setup.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert first.returncode == 0 and first.stdout.strip() == "python3", first.stderr
+    assert "restoring the FlashInfer JIT cache" in first.stderr
+    assert (home / ".cache" / "flashinfer" / "0.7.2.post1" / "90a" / "module.so").read_text() == "compiled"
+    again = subprocess.run(["bash", "ci/setup.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "restoring" not in again.stderr

@@ -22,7 +22,8 @@ OP = BY_NAME["fused_topk_deepseek"]  # the descriptor the cases are drawn for; t
 BASE = RoutingCase(op=OP.name, method="DeepSeekV3", dtype="float32", tokens=64, experts=64, top_k=4,
                    n_group=8, topk_group=4, routed_scaling_factor=2.5, biased=True, pattern="grid", seed=3)
 CASES = [BASE, dataclasses.replace(BASE, pattern="ties"), dataclasses.replace(BASE, pattern="underflow"),
-         dataclasses.replace(BASE, dtype="bfloat16", pattern="all_negative")]
+         dataclasses.replace(BASE, dtype="bfloat16", pattern="all_negative"),
+         RoutingCase(op=OP.name, **routing_check.KEPT_GROUPS_BEYOND_FOUR)]
 
 
 def _reference(logits, method, k, *, bias=None, n_group=None, topk_group=None, routed_scaling_factor=1.0):
@@ -41,21 +42,31 @@ def _rsf_dropped(logits, method, k, **kw):
     return ids, w / kw["routed_scaling_factor"]
 
 
+def _zero_if_none(bias, logits):
+    return torch.zeros(logits.shape[1]) if bias is None else bias.float()
+
+
 def _weights_from_biased_scores(logits, method, k, *, bias=None, **kw):
     ids, _ = _reference(logits, method, k, bias=bias, **kw)
-    s = (torch.sigmoid(logits.float()) + bias.float()).gather(1, ids)
+    s = (torch.sigmoid(logits.float()) + _zero_if_none(bias, logits)).gather(1, ids)
     return ids, s / s.sum(-1, keepdim=True) * kw["routed_scaling_factor"]
 
 
 def _sigmoid_recovered_from_biased(logits, method, k, *, bias=None, **kw):
     """FlashInfer PR #3875: (sigmoid + bias) - bias in fp32 loses a small sigmoid next to a large bias."""
     ids, _ = _reference(logits, method, k, bias=bias, **kw)
-    s = ((torch.sigmoid(logits.float()) + bias.float()) - bias.float()).gather(1, ids)
+    b = _zero_if_none(bias, logits)
+    s = ((torch.sigmoid(logits.float()) + b) - b).gather(1, ids)
     return ids, sum_normalize(s) * kw["routed_scaling_factor"]
 
 
 def _groups_ignored(logits, method, k, *, n_group=None, topk_group=None, **kw):
     return _reference(logits, method, k, **kw)
+
+
+def _at_most_four_groups_kept(logits, method, k, *, n_group=None, topk_group=None, **kw):
+    """Finding F10: a kernel whose kept-group arrays hold 4 entries runs topk_group > 4 as 4."""
+    return _reference(logits, method, k, n_group=n_group, topk_group=min(topk_group, 4) if topk_group else None, **kw)
 
 
 def _kth_expert_off_by_one(logits, method, k, *, bias=None, **kw):
@@ -75,6 +86,7 @@ FAULTS = {
     "weights from the biased scores": _weights_from_biased_scores,
     "sigmoid recovered as (s + bias) - bias": _sigmoid_recovered_from_biased,
     "expert groups ignored": _groups_ignored,
+    "at most four groups kept (F10)": _at_most_four_groups_kept,
     "K-th expert replaced by the (K+1)-th": _kth_expert_off_by_one,
     "an expert selected twice": _duplicate_slot,
 }
