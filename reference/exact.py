@@ -12,7 +12,7 @@ so its products must not depend on any of that.
    below the row's largest power of two) and the rest: ``a = a_hi + a_lo``. The products of the high
    parts are multiples of one quantum per (i, j) and their sum stays below 2^53 quanta, so the fp64
    GEMM ``a_hi @ b_hi^T`` is *exact* in any summation order;
-2. the correction ``a @ b_lo^T + a_lo @ b_hi^T`` is ``2^-beta`` smaller, and an fp64 GEMM errs by at
+2. the correction ``a @ b_lo^T + a_lo @ b_hi^T`` is far smaller, and an fp64 GEMM errs by at
    most ``gamma_k = k u / (1 - k u)`` (``u = 2^-53``) times the sum of its absolute products, in any
    order, with or without FMA (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., 3.5);
 3. the two fp64 additions that join the parts keep their exact errors (TwoSum). Where every real
@@ -21,8 +21,8 @@ so its products must not depend on any of that.
    elsewhere (an fp32 tie, or within ~2^-50 relative of one: about one element in 10^4 for bf16
    inputs) the dot product is summed exactly (:func:`_exact_dots`) and rounded once.
 
-With ``with_magnitude`` it also returns ``|a| @ |b|^T`` in fp64: the scale that bounds a kernel's
-legitimate rounding differences (``reference.moe``'s term magnitude).
+With ``with_magnitude`` it also returns ``|a| @ |b|^T`` (fp32): the scale that bounds a kernel's
+legitimate rounding differences (``reference.moe``'s term magnitude), which needs no exactness.
 """
 from __future__ import annotations
 
@@ -36,12 +36,20 @@ _SCALE_EXP = 298  # fp32 products are multiples of 2^-298 (smallest subnormal 2^
 
 def _split(x: torch.Tensor, beta: int):
     """Per row: ``x = hi + lo`` exactly, ``hi`` a multiple of ``quantum = 2^(e - beta)`` where 2^e is the
-    row's largest power of two, so ``|hi| <= 2^(beta + 1)`` quanta. Returns hi, lo."""
-    top = x.abs().amax(dim=1, keepdim=True)
+    row's largest power of two, so ``|hi| <= 2^(beta + 1)`` quanta. Returns hi, lo, the row maxima of
+    ``|x|`` and ``|lo|`` ([rows, 1], exact), all in the dtype of ``x`` (fp32 or fp64).
+
+    Rump's ExtractScalar: with ``sigma = 2^(e - beta + p)`` for a p-bit significand (so ``|x| <= sigma / 2``),
+    ``(sigma + x) - sigma`` is exact and rounds x to the grid of ``sigma * 2^-p``, the quantum (Rump, Ogita,
+    Oishi, SIAM J. Sci. Comput. 31(1), 2008, Lemma 3.3). An fp32 x needs ``beta <= 22``; lo then fits
+    fp32 too (it is a multiple of x's ulp below the quantum)."""
+    bits = {torch.float32: 24, torch.float64: 53}[x.dtype]
+    top = torch.linalg.vector_norm(x, ord=math.inf, dim=1, keepdim=True)
     exponent = torch.frexp(torch.where(top > 0, top, torch.ones_like(top))).exponent - 1
-    quantum = torch.ldexp(torch.ones_like(top), (exponent - beta).to(top.dtype))
-    hi = torch.round(x / quantum) * quantum  # exact: scaling by a power of two, round to an integer
-    return hi, x - hi
+    sigma = torch.ldexp(torch.ones_like(top), (exponent - beta + bits).to(top.dtype))
+    hi = (x + sigma) - sigma
+    lo = x - hi
+    return hi, lo, top, torch.linalg.vector_norm(lo, ord=math.inf, dim=1, keepdim=True)
 
 
 def _two_sum(a: torch.Tensor, b: torch.Tensor):
@@ -63,41 +71,49 @@ def _fp32_decided(value: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
     return (radius == 0) | ((value - (f + down) / 2 > clear) & ((f + up) / 2 - value > clear))
 
 
-def _mm_unless_zero(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a @ b^T``, skipped when either side is all zero (the split of bf16 values leaves no low part)."""
-    if not (bool(a.any()) and bool(b.any())):
-        return a.new_zeros(a.shape[0], b.shape[0])
-    return a @ b.t()
+def _times_sparse(a64: torch.Tensor, b_lo: torch.Tensor, b_lo_max: torch.Tensor) -> torch.Tensor:
+    """``a64 @ b_lo^T`` in fp64, where ``b_lo`` (the low part of the weights' split) is mostly zero."""
+    if not bool(b_lo_max.any()):
+        return torch.zeros(a64.shape[0], b_lo.shape[0], dtype=torch.float64, device=a64.device)
+    if b_lo.device.type != "cpu":  # sparse products on CUDA are no faster than dense ones here
+        return a64 @ b_lo.double().t()
+    return torch.sparse.mm(b_lo.to_sparse().double(), a64.t()).t()
 
 
 def rounded_mm(a: torch.Tensor, b: torch.Tensor, *, with_magnitude: bool = False):
     """``a [n, k] @ b [m, k]^T`` in fp32, each element the correctly rounded exact dot product.
 
-    ``a`` and ``b`` must hold fp32-representable values (any float dtype up to fp32)."""
+    ``a`` and ``b`` must hold fp32-representable values (any float dtype up to fp32); ``b`` is the larger
+    side (weights), ``a`` the rows (activations). The result does not depend on the thread count either.
+    With ``with_magnitude`` also returns ``|a| @ |b|^T`` (fp32, for tolerance bands: not exact)."""
     if a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[1]:
         raise ValueError(f"rounded_mm needs a [n, k] and b [m, k], got {tuple(a.shape)} and {tuple(b.shape)}")
-    a64, b64 = a.float().double(), b.float().double()
-    k = max(a.shape[1], 1)
-    beta = (51 - math.ceil(math.log2(k))) // 2  # k * (2^(beta+1))^2 <= 2^53: the high GEMM is exact
-    a_hi, a_lo = _split(a64, beta)
-    b_hi, b_lo = _split(b64, beta)
-    exact = a_hi @ b_hi.t()
-    correction, e1 = _two_sum(_mm_unless_zero(a64, b_lo), _mm_unless_zero(a_lo, b_hi))
+    a32, b32 = a.float(), b.float()
+    n, k = a.shape[0], max(a.shape[1], 1)
+    # (2^(beta_a+1)) (2^(beta_b+1)) k <= 2^53: the high GEMM is exact. The weights keep 22 bits (an fp32
+    # split is exact up to 22), so bf16 and fp8 weights rarely leave a low part; the rows take the rest.
+    room = 51 - math.ceil(math.log2(k))
+    beta_b = min(22, room)
+    a_hi, a_lo, a_top, a_lo_max = _split(a32, room - beta_b)
+    b_hi, b_lo, b_top, b_lo_max = _split(b32, beta_b)
+    both = torch.cat((a_hi, a_lo)).double() @ b_hi.double().t()  # one pass over the weights for two products
+    exact, low_times_high = both[:n], both[n:]
+    correction, e1 = _two_sum(_times_sparse(a32.double(), b_lo, b_lo_max), low_times_high)
     value, e2 = _two_sum(exact, correction)
-    # The two correction GEMMs err by at most gamma_k times their absolute products, which are at most
-    # ||a_i||_1 max|b_lo_j| and max|a_lo_i| ||b_hi_j||_1 (zero where the split left nothing: bf16 inputs).
+    # The two correction products err by at most gamma_k times their absolute products, at most
+    # k max|a_i| max|b_lo_j| and k max|a_lo_i| max|b_hi_j| (max|b_hi_j| <= 2 max|b_j|); zero where the
+    # split left nothing.
     gamma = k * _U / (1.0 - k * _U)
-    gemm_error = gamma * (a64.abs().sum(1, keepdim=True) * b_lo.abs().amax(1, keepdim=True).t()
-                          + a_lo.abs().amax(1, keepdim=True) * b_hi.abs().sum(1, keepdim=True).t())
-    radius = (e1 + e2).abs() + gemm_error
+    bound = a_top.double() * b_lo_max.double().t() + 2.0 * a_lo_max.double() * b_top.double().t()
+    radius = (e1 + e2).abs() + (gamma * k) * bound
     out = value.float()
     unsure = ~_fp32_decided(value, radius) & torch.isfinite(value)
     if bool(unsure.any()):
         rows, cols = unsure.nonzero(as_tuple=True)
-        out[rows, cols] = _exact_dots(a64[rows], b64[cols]).to(out.device)
+        out[rows, cols] = _exact_dots(a32[rows].double(), b32[cols].double()).to(out.device)
     if not with_magnitude:
         return out
-    return out, a64.abs() @ b64.abs().t()
+    return out, a32.abs() @ b32.abs().t()
 
 
 def _exact_dots(a: torch.Tensor, b: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
@@ -112,7 +128,7 @@ def _exact_dots(a: torch.Tensor, b: torch.Tensor, chunk: int = 1024) -> torch.Te
         rest = a[lo:lo + chunk] * b[lo:lo + chunk]
         levels = []
         while bool((rest != 0).any()):
-            hi, rest = _split(rest, beta)
+            hi, rest, _, _ = _split(rest, beta)
             levels.append(hi.sum(1))
         sums = torch.stack(levels, 1).cpu().tolist() if levels else [[] for _ in range(rest.shape[0])]
         out[lo:lo + len(sums)] = torch.tensor(

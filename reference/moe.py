@@ -30,12 +30,17 @@ def _sigmoid(x: torch.Tensor) -> torch.Tensor:
     body (SLEEF exp) over whole vectors and a scalar loop (libm exp) over the tail, and the two differ
     in the last bit (seen here: 37 of 4928 elements between one row at a time and the whole set). Padding
     the flat buffer to whole vectors puts every element in the body. Single-threaded callers only: a
-    parallel split makes tails of its own (the harness runs the reference single-threaded)."""
-    flat = x.reshape(-1)
-    pad = (-flat.numel()) % _LANES
-    if x.device.type != "cpu" or not pad:
+    parallel split makes tails of its own, so it runs on one thread."""
+    if x.device.type != "cpu":
         return torch.sigmoid(x)
-    return torch.sigmoid(torch.cat((flat, flat.new_zeros(pad))))[:flat.numel()].view_as(x)
+    flat = x.reshape(-1)
+    padded = torch.cat((flat, flat.new_zeros((-flat.numel()) % _LANES)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return torch.sigmoid(padded)[:flat.numel()].view_as(x)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def interleave_gate_up(w13: torch.Tensor, stripe: int) -> torch.Tensor:
