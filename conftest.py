@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, Phase, settings
 from fixtures import arch, cuda_health, results
 from fixtures.dist.inprocess import launched_by_torchrun
 from fixtures.dist.pool import close_all
-from fixtures.selection import DEFAULT_EP, ep_skip_reason, selected_ep_sizes, selected_impls
+from fixtures.selection import ep_skip_reason, selected_ep_sizes, selected_impls
 
 # Hypothesis profiles, in one place. Cases run on rank pools, so no per-example deadline.
 _COMMON = dict(deadline=None, print_blob=True,
@@ -44,17 +44,6 @@ if os.environ.get("MOE_HYPOTHESIS_EXAMPLES"):  # budgeted runs (a lent GPU): few
                               max_examples=int(os.environ["MOE_HYPOTHESIS_EXAMPLES"]))
     settings.load_profile("budget")
 
-
-
-def pytest_addoption(parser):
-    group = parser.getgroup("moe-conformance")
-    group.addoption("--impl", action="append", default=None,
-                    help="implementation(s) under test: a registered name or pkg.module:factory "
-                         "(env MOE_CONFORMANCE_IMPL; default: reference-ep plus every backend of an arch that -m "
-                         "names or a GPU here has; 'all': every registered one)")
-    group.addoption("--ep", default=None, help=f"EP sizes, comma-separated (env MOE_CONFORMANCE_EP; default {DEFAULT_EP})")
-    group.addoption("--results-dir", default=os.environ.get("MOE_RESULTS_DIR", "results"),
-                    help="where per-case JSON results are written (env MOE_RESULTS_DIR)")
 
 
 def pytest_configure(config):

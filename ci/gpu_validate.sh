@@ -34,7 +34,7 @@ for phase in "$@"; do
     start=$(date +%s)
     # shellcheck disable=SC2086
     timeout "${PRODUCT_TIMEOUT:-3000}" bash ci/test.sh -m "$arch" --results-dir "$out/results" \
-      --junitxml "$out/junit.xml" -rsx --durations=25 ${PRODUCT_ARGS:-} >> "$out/product.log" 2>&1
+      --junitxml "$out/junit.xml" --durations=25 ${PRODUCT_ARGS:-} >> "$out/product.log" 2>&1
     echo "exit $? after $(( $(date +%s) - start ))s" | tee -a "$out/product.log"
     tail -n 5 "$out/product.log" ;;
   bench)

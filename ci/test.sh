@@ -12,6 +12,10 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 spread=()
 if [ "${MOE_WORKERS:-4}" != 0 ] && ! [[ " $* " =~ " -n"|" --numprocesses"|"no:xdist" ]] \
    && "$py" -c 'import sys, torch, xdist; sys.exit(0 if torch.cuda.device_count() else 1)' 2>/dev/null; then
-  spread=(-n "${MOE_WORKERS:-4}" --dist loadgroup)
+  # A replacement for a crashed worker parses the command line before any conftest or ini is found
+  # (H200, 2026-12-01: every replacement died on "unrecognized arguments: --results-dir"): name the
+  # options plugin, the ini and the rootdir explicitly.
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+  spread=(-n "${MOE_WORKERS:-4}" --dist loadgroup -p fixtures.options --rootdir "$PWD" -c "$PWD/pytest.ini")
 fi
 exec "$py" -m pytest "${spread[@]}" "$@"

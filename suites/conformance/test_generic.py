@@ -116,8 +116,8 @@ def test_model_geometry(subject, model, data, request):
     why = fits(model, subject.caps)
     if why:
         pytest.skip(f"{subject.spec} cannot run {model.name}: {why}")
-    # CPU: as few experts as the routing allows (the model's H and I already make each expert large)
-    layer = model_layer(model, subject.caps, subject.ep_size, max_experts=16 if subject.caps.device == "cuda" else 1)
+    # as few experts as the routing allows: the model's H and I already make each expert large
+    layer = model_layer(model, subject.caps, subject.ep_size, max_experts=8 if subject.caps.device == "cuda" else 1)
     caps = subject.caps if subject.caps.device == "cuda" else dataclasses.replace(subject.caps, max_tokens_per_rank=8)
     batch = data.draw(batch_cases(caps, layer, subject.ep_size, busy=True), label="batch")
     if subject.caps.device == "cpu":  # draws above, every example alike: hypothesis replays them

@@ -272,5 +272,7 @@ def test_a_positive_margin_makes_the_selection_independent_of_expert_order(seed,
     ids_rev, _ = route(z.flip(-1), method, 3, **flip)
     same = torch.sort(ids, -1).values == torch.sort(15 - ids_rev, -1).values
     margin = decision_margin(z, method, 3, **kw)
-    assert same.all(-1)[margin > 0].all(), "a token with a clear margin changed its experts under relabeling"
+    # route ranks fp32 scores: a margin below their rounding (~1e-7 of O(1) scores) is a tie there; seen at
+    # seed 527 (dev profile), a group-score margin of 4.4e-16 that is fp64 round-off of an exact tie
+    assert same.all(-1)[margin > 1e-6].all(), "a token with a clear margin changed its experts under relabeling"
 
