@@ -53,16 +53,20 @@ def _grouped_ops():
             if op.grouped and "DeepSeekV3" in op.methods]
 
 
+def _held_to_finding(op: RoutingOp, case: RoutingCase, key: str, clean: str) -> None:
+    """Run ``case``; the op is held to finding ``key`` (fixtures.findings.expect_finding)."""
+    try:
+        check(case, torch.device("cuda", 0))
+        ok, observed = True, clean
+    except AssertionError as err:
+        ok, observed = False, str(err).splitlines()[0]
+    expect_finding(op.name, op.finding(key), key, ok, observed)
+
+
 @pytest.mark.parametrize("op", _grouped_ops())
 def test_kept_groups_beyond_four(op):
     """topk_group = 5 of 8 groups: the case the ci profile drew on 2026-12-01 (F10 where declared)."""
-    case = RoutingCase(op=op.name, **KEPT_GROUPS_BEYOND_FOUR)
-    try:
-        check(case, torch.device("cuda", 0))
-        ok, observed = True, "the op keeps all topk_group groups"
-    except AssertionError as err:
-        ok, observed = False, str(err).splitlines()[0]
-    expect_finding(op.name, op.finding("F10"), "F10", ok, observed)
+    _held_to_finding(op, RoutingCase(op=op.name, **KEPT_GROUPS_BEYOND_FOUR), "F10", "the op keeps all topk_group groups")
 
 
 def _ungrouped_top_k(op: RoutingOp, method: str) -> int:
@@ -85,12 +89,7 @@ def test_explicit_case(op, method, pattern, grouped):
                        top_k=top_k, n_group=groups[0], topk_group=groups[1],
                        routed_scaling_factor=2.5 if biased else 1.0, biased=biased, pattern=pattern, seed=11)
     if pattern == "underflow" and biased and op.finding("F8"):
-        try:
-            check(case, torch.device("cuda", 0))
-            ok, observed = True, "the weights match the reference"
-        except AssertionError as err:
-            ok, observed = False, str(err).splitlines()[0]
-        expect_finding(op.name, op.finding("F8"), "F8", ok, observed)
+        _held_to_finding(op, case, "F8", "the weights match the reference")
         return
     check(case, torch.device("cuda", 0))
 
