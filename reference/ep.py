@@ -14,8 +14,8 @@ Experts are sharded contiguously: global expert g lives on rank ``g // E_local``
 
 Its output is therefore bitwise equal, in fp32, to the rank's slice of the single-process reference,
 on any machine: ``reference.moe`` rounds every product correctly (``reference.exact``), so neither the
-BLAS kernel a shape or alignment selects nor the thread count changes a bit (its sigmoid needs one
-thread: the harness runs ranks and oracle single-threaded).
+BLAS kernel a shape or alignment selects nor the thread count changes a bit (its sigmoid runs on one
+thread by itself).
 Collectives inherit the process group's timeout (set it when creating the group).
 """
 from __future__ import annotations

@@ -8,10 +8,10 @@ so its products must not depend on any of that.
 :func:`rounded_mm` returns, for every element, the fp32 value nearest to the *exact* dot product
 (ties to even), by construction (the Ozaki splitting, with a certified bound):
 
-1. each row of ``a`` and of ``b`` is split, exactly, into a high part on a coarse grid (``beta`` bits
-   below the row's largest power of two) and the rest: ``a = a_hi + a_lo``. The products of the high
-   parts are multiples of one quantum per (i, j) and their sum stays below 2^53 quanta, so the fp64
-   GEMM ``a_hi @ b_hi^T`` is *exact* in any summation order;
+1. each row of ``a`` and of ``b`` is split, exactly, into a high part on a coarse grid (``beta_a`` or
+   ``beta_b`` bits below the row's largest power of two) and the rest: ``a = a_hi + a_lo``. The products
+   of the high parts are multiples of one quantum per (i, j) and their sum stays below 2^53 quanta, so
+   the fp64 GEMM ``a_hi @ b_hi^T`` is *exact* in any summation order;
 2. the correction ``a @ b_lo^T + a_lo @ b_hi^T`` is far smaller, and an fp64 GEMM errs by at
    most ``gamma_k = k u / (1 - k u)`` (``u = 2^-53``) times the sum of its absolute products, in any
    order, with or without FMA (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., 3.5);
@@ -94,7 +94,7 @@ def rounded_mm(a: torch.Tensor, b: torch.Tensor, *, with_magnitude: bool = False
     # split is exact up to 22), so bf16 and fp8 weights rarely leave a low part; the rows take the rest.
     room = 51 - math.ceil(math.log2(k))
     beta_b = min(22, room)
-    a_hi, a_lo, a_top, a_lo_max = _split(a32, room - beta_b)
+    a_hi, a_lo, a_top, a_lo_max = _split(a32, min(22, room - beta_b))
     b_hi, b_lo, b_top, b_lo_max = _split(b32, beta_b)
     both = torch.cat((a_hi, a_lo)).double() @ b_hi.double().t()  # one pass over the weights for two products
     exact, low_times_high = both[:n], both[n:]

@@ -132,7 +132,6 @@ def _expert_rows(a, w, expert_w13, expert_w2, recipe: Recipe, magnitude: bool = 
         s = s.to(torch.bfloat16).float()
     s = recipe.fc2_in.round_trip(s)
     y, mag = rounded_mm(s, expert_w2, with_magnitude=True) if magnitude else (rounded_mm(s, expert_w2), None)
-    mag = None if mag is None else mag.float()
     if recipe.fc2_out_bf16:
         y = y.to(torch.bfloat16).float()
     if recipe.placement == "combine":
