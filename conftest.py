@@ -76,7 +76,7 @@ def _pool_order(item) -> tuple[int, str]:
 def pytest_collection_modifyitems(config, items):
     # Every test of one (EP size, implementation) together: its rank pool and built layers stay warm
     # instead of restarting whenever the next test names another backend (a pool per kernel). Under
-    # ``-n N --dist loadgroup`` (ci/test.sh on a GPU host) each such group, and each module of other
+    # ``-n N --dist loadgroup`` (MOE_WORKERS=N bash ci/test.sh) each such group, and each module of other
     # tests (module-scoped GPU layers), runs on one worker.
     items.sort(key=_pool_order)
     for item in items:

@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # The project's own tests, set-up included: the README's test command, and what .ci/run calls.
 # On a CPU machine every GPU test skips with its reason; the CPU tier runs reference-ep at EP1/2/4/8.
-# On a GPU host (bash ci/test.sh -m sm90) the run is spread over MOE_WORKERS pytest-xdist workers
-# (default 4), each (backend, EP size) on one worker so its rank pool stays warm; pass -n yourself, or
-# MOE_WORKERS=0, to choose otherwise.
+# One pytest process by default, as a user's `pytest -m sm90`. MOE_WORKERS=N on a GPU host spreads the
+# run over N pytest-xdist workers, each (backend, EP size) on one worker so its rank pool stays warm
+# (opt-in: on 2026-12-01, 4 workers on one H200 ran the card out of memory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py="$(bash ci/setup.sh)"
 export MOE_HYPOTHESIS_PROFILE="${MOE_HYPOTHESIS_PROFILE:-ci}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 spread=()
-if [ "${MOE_WORKERS:-4}" != 0 ] && ! [[ " $* " =~ " -n"|" --numprocesses"|"no:xdist" ]] \
+if [ "${MOE_WORKERS:-0}" != 0 ] && ! [[ " $* " =~ " -n"|" --numprocesses"|"no:xdist" ]] \
    && "$py" -c 'import sys, torch, xdist; sys.exit(0 if torch.cuda.device_count() else 1)' 2>/dev/null; then
   # A replacement for a crashed worker parses the command line before any conftest or ini is found
   # (H200, 2026-12-01: every replacement died on "unrecognized arguments: --results-dir"): name the
   # options plugin, the ini and the rootdir explicitly.
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-  spread=(-n "${MOE_WORKERS:-4}" --dist loadgroup -p fixtures.options --rootdir "$PWD" -c "$PWD/pytest.ini")
+  spread=(-n "$MOE_WORKERS" --dist loadgroup -p fixtures.options --rootdir "$PWD" -c "$PWD/pytest.ini")
 fi
 exec "$py" -m pytest "${spread[@]}" "$@"
