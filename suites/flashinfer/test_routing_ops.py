@@ -251,3 +251,21 @@ def test_unsupported_arch_is_refused(op):
     n_group, topk_group = op.ungrouped_groups
     with pytest.raises(BackendSupportedError, match="compute capability|does not support"):
         call(op, logits, method, _ungrouped_top_k(op, method), n_group=n_group, topk_group=topk_group)
+
+
+@pytest.mark.api
+@pytest.mark.parametrize("op", [op for op in OPS if op.grouped and "DeepSeekV3" in op.methods], ids=lambda op: op.name)
+def test_drawn_groups_reach_the_descriptors_limit_and_never_pass_it(op):
+    """The strategy routes around a declared finding only through the descriptor (F10: max_topk_group),
+    and still draws that limit, so the cases test right up to it."""
+    seen = set()
+
+    @settings(max_examples=300, database=None, derandomize=True)
+    @given(case=routing_cases(op, "DeepSeekV3"))
+    def draw(case):
+        if case.n_group and case.n_group > 1:
+            seen.add(case.topk_group)
+
+    draw()
+    limit = op.max_topk_group or max(seen)
+    assert max(seen) == limit, f"{op.name}: drawn topk_group {sorted(seen)}, declared limit {op.max_topk_group}"
