@@ -33,7 +33,8 @@ for phase in "$@"; do
     stamp "bash ci/test.sh -m $arch ${PRODUCT_ARGS:-}" | tee -a "$out/product.log"
     start=$(date +%s)
     # shellcheck disable=SC2086
-    timeout "${PRODUCT_TIMEOUT:-3000}" bash ci/test.sh -m "$arch" --results-dir "$out/results" \
+    # SIGINT first: pytest then writes its summary and the JUnit file of what ran
+    timeout -s INT -k 60 "${PRODUCT_TIMEOUT:-3000}" bash ci/test.sh -m "$arch" --results-dir "$out/results" \
       --junitxml "$out/junit.xml" --durations=25 ${PRODUCT_ARGS:-} >> "$out/product.log" 2>&1
     echo "exit $? after $(( $(date +%s) - start ))s" | tee -a "$out/product.log"
     tail -n 5 "$out/product.log" ;;
