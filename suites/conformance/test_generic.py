@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fixtures import results
-from fixtures.checks import (check_oracle, check_permutation, check_relabel, check_repeat_determinism,
-                             check_textbook)
+from fixtures.checks import (ConformanceFailure, check_oracle, check_permutation, check_relabel,
+                             check_repeat_determinism, check_textbook)
+from fixtures.findings import expect_finding
 from fixtures.geometries import MODELS, fits, layer_pool, model_layer
 from fixtures.problem import MASKING_PATTERNS, PATTERNS, BatchCase, LayerCase, Scenario
 from fixtures.strategies import batch_cases, masked_pattern, scenarios
@@ -116,6 +117,10 @@ def test_model_geometry(subject, model, data, request):
     why = fits(model, subject.caps)
     if why:
         pytest.skip(f"{subject.spec} cannot run {model.name}: {why}")
+    beyond = subject.caps.beyond_accumulation_limit(model.hidden, model.intermediate)
+    if beyond:
+        pytest.skip(f"{subject.spec} is not held to its recipe at {model.name} ({beyond}); "
+                    f"test_accumulation_limit holds it to the finding")
     # as few experts as the routing allows: the model's H and I already make each expert large
     layer = model_layer(model, subject.caps, subject.ep_size, max_experts=8 if subject.caps.device == "cuda" else 1)
     caps = subject.caps if subject.caps.device == "cuda" else dataclasses.replace(subject.caps, max_tokens_per_rank=8)
@@ -133,3 +138,26 @@ def test_model_geometry(subject, model, data, request):
     scenario = Scenario(layer, (batch,), subject.ep_size, (model.name,))
     run = check_oracle(subject, scenario)
     _record(subject, scenario, f"model:{model.name}", started, run)
+
+
+def test_accumulation_limit(subject):
+    """Where a descriptor holds its kernel to the recipe only up to a GEMM reduction length (finding F12),
+    the first model geometry beyond it, one token a rank, seed 0, is held to that finding: it must still
+    miss the recipe's tolerance, or the limit is retired on purpose."""
+    limit = subject.caps.accumulation_limit
+    if limit is None:
+        pytest.skip(f"{subject.spec} declares no accumulation limit: every model geometry is held to its recipe")
+    model = next((m for m in MODELS if max(m.hidden, m.intermediate) > limit[0] and not fits(m, subject.caps)), None)
+    if model is None:
+        pytest.skip(f"no model geometry beyond reduction length {limit[0]} fits {subject.spec}")
+    layer = model_layer(model, subject.caps, subject.ep_size, max_experts=8)
+    groups = (model.n_group, model.topk_group) if model.n_group and layer.num_experts % model.n_group == 0 else (None, None)
+    batch = BatchCase(tokens=(1,) * subject.ep_size, method=model.routing, n_group=groups[0], topk_group=groups[1],
+                      routed_scaling_factor=model.routed_scaling_factor)
+    try:
+        check_oracle(subject, Scenario(layer, (batch,), subject.ep_size, (model.name, "accumulation-limit")))
+        ok, observed = True, f"{model.name} within the recipe's tolerance"
+    except ConformanceFailure as err:
+        ok, observed = False, str(err).splitlines()[0]
+    _, key, finding = limit
+    expect_finding(subject.spec, finding if finding.startswith("FINDING") else None, key, ok, observed)

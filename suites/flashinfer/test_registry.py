@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from fixtures.flashinfer.adapter import capabilities
 from fixtures.flashinfer.descriptors import DEPRECATED_ALIASES, DESCRIPTORS, KERNEL_NAMES
 
 pytestmark = [pytest.mark.api, pytest.mark.cpu]
@@ -51,3 +52,18 @@ def test_descriptor_names_a_real_config_class_for_its_kernel(d):
 def test_all_fifteen_kernels_of_0_7_2_have_descriptors():
     # catalogue §0: 15 canonical kernels, 6 deprecated aliases
     assert len(KERNEL_NAMES) == 15 and len(DEPRECATED_ALIASES) == 6
+
+
+def test_an_accumulation_limit_names_a_declared_finding_and_bounds_the_drawn_layers():
+    """A descriptor's accumulation limit (F12) points at a finding it declares, and its drawn layers stay
+    within the limit; model geometries beyond it say why they are not held to the recipe."""
+    limited = [d for d in DESCRIPTORS if d.accumulation_limit]
+    assert limited, "no descriptor declares an accumulation limit (F12 is declared by the per_tensor pull kernel)"
+    for d in limited:
+        k, key = d.accumulation_limit
+        assert key in d.findings, f"{d.impl_name}: accumulation limit names {key}, not among {d.findings}"
+        caps = capabilities(d)
+        assert caps.max_hidden <= k and caps.max_intermediate <= k, f"{d.impl_name} draws layers beyond K={k}"
+        assert caps.beyond_accumulation_limit(k, k) is None
+        why = caps.beyond_accumulation_limit(2 * k, 64)
+        assert why and f"FINDING {key}" in why, why

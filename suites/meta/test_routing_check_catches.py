@@ -23,7 +23,8 @@ BASE = RoutingCase(op=OP.name, method="DeepSeekV3", dtype="float32", tokens=64, 
                    n_group=8, topk_group=4, routed_scaling_factor=2.5, biased=True, pattern="grid", seed=3)
 CASES = [BASE, dataclasses.replace(BASE, pattern="ties"), dataclasses.replace(BASE, pattern="underflow"),
          dataclasses.replace(BASE, dtype="bfloat16", pattern="all_negative"),
-         RoutingCase(op=OP.name, **routing_check.KEPT_GROUPS_BEYOND_FOUR)]
+         RoutingCase(op=OP.name, **routing_check.KEPT_GROUPS_BEYOND_FOUR),
+         RoutingCase(op=OP.name, **routing_check.GROUPS_BEYOND_EIGHT)]
 
 
 def _reference(logits, method, k, *, bias=None, n_group=None, topk_group=None, routed_scaling_factor=1.0):
@@ -69,6 +70,15 @@ def _at_most_four_groups_kept(logits, method, k, *, n_group=None, topk_group=Non
     return _reference(logits, method, k, n_group=n_group, topk_group=min(topk_group, 4) if topk_group else None, **kw)
 
 
+def _first_eight_groups_read(logits, method, k, *, n_group=None, topk_group=None, bias=None, **kw):
+    """Finding F11: one warp per group and 8 warps, so the experts of groups 8.. are never seen."""
+    if n_group and n_group > 8:
+        unseen = torch.arange(logits.shape[1]) >= 8 * (logits.shape[1] // n_group)
+        logits = logits.masked_fill(unseen, -1e4)
+        bias = None if bias is None else bias.masked_fill(unseen, 0.0)
+    return _reference(logits, method, k, n_group=n_group, topk_group=topk_group, bias=bias, **kw)
+
+
 def _kth_expert_off_by_one(logits, method, k, *, bias=None, **kw):
     ids, w = _reference(logits, method, k + 1, bias=bias, **kw)
     return torch.cat([ids[:, : k - 1], ids[:, k:]], 1), w[:, :k]
@@ -87,6 +97,7 @@ FAULTS = {
     "sigmoid recovered as (s + bias) - bias": _sigmoid_recovered_from_biased,
     "expert groups ignored": _groups_ignored,
     "at most four groups kept (F10)": _at_most_four_groups_kept,
+    "only the first eight groups read (F11)": _first_eight_groups_read,
     "K-th expert replaced by the (K+1)-th": _kth_expert_off_by_one,
     "an expert selected twice": _duplicate_slot,
 }
@@ -124,3 +135,15 @@ def test_a_wrong_router_is_caught(monkeypatch, fault):
             caught.append(case.pattern)
     assert caught, f"routing fault {fault!r} passed every case"
     print(f"routing fault {fault!r}: caught by the {caught} cases")
+
+
+def test_a_crashing_op_is_reported_with_its_case(monkeypatch):
+    """A CUDA fault surfaces as a RuntimeError (torch.AcceleratorError) at the op or at its first sync:
+    the error names the case and how to rerun it alone, as a wrong answer would."""
+    def crash(*a, **k):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    monkeypatch.setattr(routing_check, "call", crash)
+    with pytest.raises(RuntimeError) as err:
+        routing_check.check(CASES[-1], "cpu")
+    text = str(err.value)
+    assert "crashed on" in text and CASES[-1].to_json() in text and "reproduce: python -m ci.repro_routing" in text
