@@ -146,7 +146,7 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture
 def subject(request):
-    from fixtures.checks import Subject
+    from fixtures.runner import Subject
 
     spec, impl, ep = request.param
     return Subject(spec, impl, ep)

@@ -19,9 +19,10 @@ import json
 import torch
 
 import reference.moe as moe
-from fixtures import checks
+from fixtures import oracle
 from fixtures.dist.pool import close_all
 from fixtures.impl import load
+from fixtures.runner import Subject, run_scenario
 from fixtures.problem import Scenario
 
 _E4M3_MAX = 448.0
@@ -103,14 +104,14 @@ def main(argv=None) -> int:
         for spec in a.impl:
             for text in texts:
                 scenario = Scenario.from_json(text)
-                subject = checks.Subject(spec, load(spec), scenario.ep_size)
-                run = checks.run_scenario(subject, scenario)
+                subject = Subject(spec, load(spec), scenario.ep_size)
+                run = run_scenario(subject, scenario)
                 out = torch.cat(run.outputs[0])
                 for model in ("exact", "fast", "chunked"):
                     with _accumulator(model):
-                        checks._CACHES.clear()
-                        ref = checks.expected(scenario, subject.recipe_for(scenario),
-                                              checks.oracle_device(subject))[0].ref
+                        oracle.clear()
+                        ref = oracle.expected(scenario, subject.recipe_for(scenario),
+                                              oracle.oracle_device(subject))[0].ref
                     rel = float((out - ref).norm() / ref.norm()) if ref.norm() > 0 else float("nan")
                     print(f"{spec:58} {scenario.labels[0]:16} {model:8} {rel:8.4f} {_gain(out, ref):8.4f}",
                           flush=True)

@@ -18,11 +18,12 @@ import time
 
 import torch
 
-from fixtures import checks
+from fixtures import oracle
 from fixtures.compare import BAND_UNIT
 from fixtures.dist.pool import close_all
 from fixtures.geometries import MODELS, fits, layer_pool, model_layer
 from fixtures.impl import load
+from fixtures.runner import Subject, run_scenario
 from fixtures.problem import BatchCase, Scenario, make_batch, make_weights
 from reference.textbook import textbook_for_recipe
 
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
     p.add_argument("--models", type=int, default=8, help="max experts for model geometries; 0 skips them")
     a = p.parse_args(argv)
     impl = load(a.impl)
-    subject = checks.Subject(a.impl, impl, a.ep)
+    subject = Subject(a.impl, impl, a.ep)
     layers = layer_pool(impl.capabilities, a.ep)
     if a.models:
         layers += [model_layer(m, impl.capabilities, a.ep, max_experts=a.models)
@@ -69,8 +70,8 @@ def main(argv=None) -> int:
                 tokens = (rng.randint(1, min(a.tokens, layer.capacity)),) * a.ep
                 scenario = Scenario(layer, (BatchCase(tokens=tokens, seed=rng.randrange(2**31), method=method,
                                                       input_scale=rng.choice([1.0, 4.0])),), a.ep)
-                run = checks.run_scenario(subject, scenario)
-                exp = checks.expected(scenario, subject.recipe_for(scenario), checks.oracle_device(subject))[0]
+                run = run_scenario(subject, scenario)
+                exp = oracle.expected(scenario, subject.recipe_for(scenario), oracle.oracle_device(subject))[0]
                 got = torch.cat(run.outputs[0])
                 row = {"layer": [layer.hidden, layer.intermediate, layer.num_experts, layer.top_k, layer.clamp_limit],
                        "tokens": sum(tokens), "method": method, **metrics(got, exp.ref, exp.term_mag)}

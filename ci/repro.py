@@ -1,56 +1,65 @@
 """Re-run one failing case from its printed reproduction line.
 
-    python -m ci.repro --impl reference-ep --scenario '<scenario JSON>' [--checks oracle,textbook]
+    python -m ci.repro --impl reference-ep --checks oracle --scenario '<scenario JSON>' [--seed N]
 
-Runs the scenario on a fresh rank pool of the scenario's EP size and prints the verdict of each check;
-exits 1 if any check fails.
+Runs the scenario on a fresh rank pool of the scenario's EP size, through each named check of the
+registry (fixtures.checks.CHECKS), and prints the verdict of each; exits 1 if any check fails.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from fixtures import checks
+from fixtures.checks import CHECKS
 from fixtures.dist.pool import close_all
 from fixtures.impl import load
 from fixtures.problem import Scenario
+from fixtures.runner import Subject
 
-CHECKS = ("oracle", "textbook", "repeat-determinism", "permutation", "relabel")
+
+def verdicts(subject: Subject, scenario: Scenario, names: list[str], seed: int) -> list[tuple[str, bool, str]]:
+    """(check, passed, message) for each named check, in the order given; pools stay open."""
+    state: dict = {}
+    out = []
+    for name in names:
+        check = CHECKS[name]
+        why = check.applies(subject.caps, subject.ep_size)
+        if why:
+            out.append((name, True, f"does not apply: {why}"))
+            continue
+        try:
+            check.run(subject, scenario, seed, state)
+            out.append((name, True, ""))
+        except AssertionError as exc:
+            out.append((name, False, str(exc)))
+    return out
 
 
-def main(argv=None) -> int:
+def parse(argv) -> tuple[Subject, Scenario, list[str], int]:
+    """The subject, scenario, checks and seed a reproduction line names."""
     p = argparse.ArgumentParser(description="re-run one conformance case")
     p.add_argument("--impl", required=True, help="registered name or pkg.module:factory")
     p.add_argument("--scenario", required=True, help="the scenario JSON printed with the failure")
-    p.add_argument("--checks", default="oracle,textbook", help=f"comma-separated subset of {CHECKS}")
-    p.add_argument("--seed", type=int, default=0, help="seed for the permutation / relabel checks")
+    p.add_argument("--checks", default="oracle,textbook", help=f"comma-separated subset of {list(CHECKS)}")
+    p.add_argument("--seed", type=int, default=0, help="seed of the checks that take one (permutation, relabel)")
     a = p.parse_args(argv)
+    names = a.checks.split(",")
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        p.error(f"unknown check(s) {unknown}; choose from {list(CHECKS)}")
     scenario = Scenario.from_json(a.scenario)
-    subject = checks.Subject(a.impl, load(a.impl), scenario.ep_size)
-    failed = False
+    return Subject(a.impl, load(a.impl), scenario.ep_size), scenario, names, a.seed
+
+
+def main(argv=None) -> int:
+    subject, scenario, names, seed = parse(argv)
     try:
-        run = None
-        for name in a.checks.split(","):
-            try:
-                if name == "oracle":
-                    run = checks.check_oracle(subject, scenario)
-                elif name == "textbook":
-                    checks.check_textbook(subject, scenario, run or checks.run_scenario(subject, scenario))
-                elif name == "repeat-determinism":
-                    checks.check_repeat_determinism(subject, scenario)
-                elif name == "permutation":
-                    checks.check_permutation(subject, scenario, a.seed)
-                elif name == "relabel":
-                    checks.check_relabel(subject, scenario, a.seed)
-                else:
-                    p.error(f"unknown check {name!r}; choose from {CHECKS}")
-                print(f"PASS {name}")
-            except AssertionError as exc:
-                failed = True
-                print(f"FAIL {name}: {exc}")
+        results = verdicts(subject, scenario, names, seed)
     finally:
         close_all()
-    return 1 if failed else 0
+    for name, ok, message in results:
+        print(f"PASS {name} {message}".rstrip() if ok else f"FAIL {name}: {message}")
+    return 0 if all(ok for _, ok, _ in results) else 1
 
 
 if __name__ == "__main__":

@@ -3,8 +3,7 @@
 Formats (peer-test-practices §3, catalogue §2-§3):
 * FP8 E4M3 / E5M2 with fp32 or UE8M0 scales: per tensor, per (1, G) group, or per (128, 128) block.
 * NVFP4: E2M1 values, one E4M3 scale per 16 elements, one fp32 global scale.
-* MX (OCP microscaling): MXFP8 E4M3 / E5M2 and MXFP4 E2M1, one E8M0 scale per 32 elements, with the
-  exponent rounded up ("ceil", FlashInfer's MegaMoE host utilities) or down ("floor", the OCP MX spec).
+* MX (OCP microscaling) and the 128x4 scale swizzle live in ``reference.mx``, on these helpers.
 
 Rules common to every quantizer here:
 * Rounding is round-to-nearest-even (RTNE); values beyond the format's largest finite value saturate to
@@ -243,85 +242,3 @@ def nvfp4_dequantize(packed: torch.Tensor, block_scales: torch.Tensor, global_sc
 
 def nvfp4_round_trip(x: torch.Tensor, *, global_scale=None) -> torch.Tensor:
     return nvfp4_dequantize(*nvfp4_quantize(x, global_scale=global_scale))
-
-
-def swizzle_128x4(scales: torch.Tensor) -> torch.Tensor:
-    """Linear [R, C] block scales -> the flat 128x4 swizzled layout of the tensor-core scale loaders.
-
-    Pads to [round_up(R, 128), round_up(C, 4)] with zeros, then for each 128x4 tile (row-tile major)
-    writes element (32 * i + j, c) of the tile at offset 16 * j + 4 * i + c.
-    """
-    if scales.dim() != 2:
-        raise ValueError(f"swizzle_128x4 takes a 2-D scale matrix, got shape {tuple(scales.shape)}")
-    rows, cols = scales.shape
-    raw = scales.view(torch.uint8) if scales.element_size() == 1 else scales
-    padded = torch.zeros(_ceil_div(rows, 128) * 128, _ceil_div(cols, 4) * 4, dtype=raw.dtype, device=raw.device)
-    padded[:rows, :cols] = raw
-    tiles = padded.view(padded.shape[0] // 128, 4, 32, padded.shape[1] // 4, 4)  # rb, i, j, cb, c
-    return tiles.permute(0, 3, 2, 1, 4).reshape(-1).view(scales.dtype)  # rb, cb, j, i, c
-
-
-def unswizzle_128x4(flat: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
-    """Inverse of :func:`swizzle_128x4`: flat swizzled scales -> linear [rows, cols]."""
-    raw = flat.view(torch.uint8) if flat.element_size() == 1 else flat
-    rb, cb = _ceil_div(rows, 128), _ceil_div(cols, 4)
-    if raw.numel() != rb * cb * 512:
-        raise ValueError(f"expected {rb * cb * 512} swizzled scales for [{rows}, {cols}], got {raw.numel()}")
-    tiles = raw.view(rb, cb, 32, 4, 4).permute(0, 3, 2, 1, 4)  # rb, i, j, cb, c
-    return tiles.reshape(rb * 128, cb * 4)[:rows, :cols].contiguous().view(flat.dtype)
-
-
-# --------------------------------------------------------------------------------------------------
-# MX formats
-
-
-def e8m0_to_float(codes: torch.Tensor) -> torch.Tensor:
-    """E8M0 codes (uint8) -> fp32: 2**(code - 127); code 255 is NaN."""
-    codes = codes.view(torch.uint8) if codes.dtype != torch.uint8 else codes
-    value = pow2(codes.to(torch.int32) - E8M0_BIAS)
-    return torch.where(codes == 255, torch.full_like(value, float("nan")), value)
-
-
-def mx_scale_codes(amax: torch.Tensor, fmt: str, exponent: str) -> torch.Tensor:
-    """E8M0 scale code per block. ``ceil``: ceil(log2(amax / fmax)); ``floor`` (OCP MX spec):
-    floor(log2(amax)) - emax_elem. Biased by 127, clamped to [0, 254]; all-zero blocks get code 0."""
-    fmax, emax_elem = MX_FORMATS[fmt]
-    nonzero = amax > 0
-    safe = torch.where(nonzero, amax.float(), torch.ones_like(amax, dtype=torch.float32))
-    if exponent == "ceil":
-        e = exact_log2_ceil(safe / fmax)
-    elif exponent == "floor":
-        e = exact_log2_floor(safe) - emax_elem
-    else:
-        raise ValueError(f"exponent must be 'ceil' or 'floor', got {exponent!r}")
-    codes = (e + E8M0_BIAS).clamp(0, 254)
-    return torch.where(nonzero, codes, torch.zeros_like(codes)).to(torch.uint8)
-
-
-def mx_quantize(x: torch.Tensor, *, fmt: str = "mxfp8_e4m3", exponent: str = "ceil"):
-    """Quantize along the last dim (a multiple of 32) to an MX format.
-
-    Returns ``(q, scale_codes uint8 [..., K/32])``: q is float8 for MXFP8 and packed uint8
-    [..., K/2] (low nibble = even element) for MXFP4; ``x ~= q * 2**(code - 127)``.
-    """
-    if fmt not in MX_FORMATS:
-        raise ValueError(f"unknown MX format {fmt!r}; expected one of {tuple(MX_FORMATS)}")
-    if x.shape[-1] % MX_BLOCK:
-        raise ValueError(f"MX formats need the last dim to be a multiple of {MX_BLOCK}, got {x.shape[-1]}")
-    xf = x.float()
-    codes = mx_scale_codes(block_amax(xf, (1, MX_BLOCK)), fmt, exponent)
-    scaled = xf / e8m0_to_float(codes).repeat_interleave(MX_BLOCK, dim=-1)
-    if fmt == "mxfp4":
-        return pack_fp4(e2m1_encode(scaled)), codes
-    element = fmt.split("_")[1]
-    return saturating_cast(scaled, FP8_DTYPES[element], FP8_MAX[element]), codes
-
-
-def mx_dequantize(q: torch.Tensor, scale_codes: torch.Tensor, *, fmt: str = "mxfp8_e4m3") -> torch.Tensor:
-    values = e2m1_decode(unpack_fp4(q)) if fmt == "mxfp4" else q.float()
-    return values * e8m0_to_float(scale_codes).repeat_interleave(MX_BLOCK, dim=-1)
-
-
-def mx_round_trip(x: torch.Tensor, *, fmt: str = "mxfp8_e4m3", exponent: str = "ceil") -> torch.Tensor:
-    q, codes = mx_quantize(x, fmt=fmt, exponent=exponent)
-    return mx_dequantize(q, codes, fmt=fmt)

@@ -6,11 +6,12 @@ import random
 import pytest
 import torch
 
-from fixtures.checks import Subject, check_oracle, regrouped_tolerance
+from fixtures.checks import check_oracle, regrouped_tolerance
 from fixtures.compare import compare
 from fixtures.problem import BatchCase, LayerCase, Scenario
 from fixtures.selection import ep_skip_reason, selected_ep_sizes
 from fixtures.strategies import masked_pattern
+from fixtures.runner import Subject
 
 pytestmark = pytest.mark.ep
 

@@ -12,8 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fixtures import results
-from fixtures.checks import (ConformanceFailure, check_oracle, check_permutation, check_relabel,
-                             check_repeat_determinism, check_textbook)
+from fixtures.checks import CHECKS, ConformanceFailure, check_oracle, check_textbook
 from fixtures.findings import expect_finding
 from fixtures.geometries import MODELS, fits, layer_pool, model_layer
 from fixtures.problem import MASKING_PATTERNS, PATTERNS, BatchCase, LayerCase, Scenario
@@ -44,21 +43,15 @@ def test_matches_reference(subject, data):
     _record(subject, scenario, "oracle+textbook", started, run, textbook)
 
 
-@given(data=st.data())
-def test_repeat_is_bitwise_deterministic(subject, data):
-    if not subject.caps.deterministic:
-        pytest.skip(f"{subject.spec} does not promise bitwise repeat determinism")
-    check_repeat_determinism(subject, drawn(subject, data, max_batches=1))
-
-
+@pytest.mark.parametrize("check", [c for c in CHECKS.values() if c.name not in ("oracle", "textbook")],
+                         ids=lambda c: c.name)
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
-def test_token_permutation_equivariance(subject, data, seed):
-    check_permutation(subject, drawn(subject, data, max_batches=1), seed)
-
-
-@given(data=st.data(), seed=st.integers(0, 2**31 - 1))
-def test_expert_relabeling_invariance(subject, data, seed):
-    check_relabel(subject, drawn(subject, data, max_batches=1), seed)
+def test_check(subject, check, data, seed):
+    """Each registered check beyond the oracle pair (test_matches_reference) on drawn scenarios."""
+    why = check.applies(subject.caps, subject.ep_size)
+    if why:
+        pytest.skip(f"{subject.spec}: {check.name} {why}")
+    check.run(subject, drawn(subject, data, max_batches=1 if check.single_batch else 3), seed, {})
 
 
 _CHECKED_ON_CPU: set[str] = set()  # model-geometry tests of CPU subjects that have checked their batch

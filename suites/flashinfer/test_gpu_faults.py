@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from fixtures import results
-from fixtures.checks import ConformanceFailure, Subject, check_oracle
+from fixtures.checks import ConformanceFailure, check_oracle
 from fixtures.flashinfer.descriptors import DESCRIPTORS
 from fixtures.impl import load
 from fixtures.problem import BatchCase, LayerCase, Scenario
+from fixtures.runner import Subject
 
 pytestmark = pytest.mark.sm90
 GPU_FAULTS = ("gate_up_swapped", "slot_weight_dropped", "last_token_unwritten", "weight_bias")

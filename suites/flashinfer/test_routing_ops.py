@@ -11,12 +11,8 @@ Nothing here names an op: the descriptors in fixtures/flashinfer/routing_ops.py 
 from __future__ import annotations
 
 import importlib
-import os
 import re
-import subprocess
-import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,23 +20,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fixtures import arch, results
-from fixtures.flashinfer.routing_check import (GROUPS_BEYOND_EIGHT, KEPT_GROUPS_BEYOND_FOUR, PATTERNS, RoutingCase,
-                                              check, routing_cases)
-from fixtures.findings import expect_finding
-from fixtures.flashinfer.routing_ops import BY_NAME, OPS, RoutingOp, call
+from fixtures.flashinfer.routing_check import PATTERNS, RoutingCase, check, routing_cases
+from fixtures.flashinfer.routing_ops import BY_NAME, OPS, RoutingOp, call, supported_marker
 from reference.routing import BIASED_METHODS
 
 flashinfer = pytest.importorskip("flashinfer", reason="flashinfer-python is not installed")
-CHILD_TIMEOUT_S = 600  # a fresh process loads the op (JIT-compiled on a host without the cache)
 
-def _on_supported_gpu(op: RoutingOp):
-    """The marker of the GPU here when the op runs on it, else of the op's first arch (which skips)."""
-    here = arch.local_arch()
-    return getattr(pytest.mark, here if here in op.arches else op.arches[0])
 
 
 def _op_method_params():
-    return [pytest.param(op, m, id=f"{op.name}-{m}", marks=_on_supported_gpu(op)) for op in OPS for m in op.methods]
+    return [pytest.param(op, m, id=f"{op.name}-{m}", marks=supported_marker(op)) for op in OPS for m in op.methods]
 
 
 @pytest.mark.parametrize("op, method", _op_method_params())
@@ -52,55 +41,6 @@ def test_matches_reference(op, method, data):
     case = data.draw(routing_cases(op, method, patterns), label="case")
     metrics = check(case, torch.device("cuda", 0))
     results.record("routing", case=case.to_json(), **metrics)
-
-
-def _grouped_ops():
-    return [pytest.param(op, id=op.name, marks=_on_supported_gpu(op)) for op in OPS
-            if op.grouped and "DeepSeekV3" in op.methods]
-
-
-def _held_to_finding(op: RoutingOp, case: RoutingCase, key: str, clean: str) -> None:
-    """Run ``case``; the op is held to finding ``key`` (fixtures.findings.expect_finding)."""
-    try:
-        check(case, torch.device("cuda", 0))
-        ok, observed = True, clean
-    except AssertionError as err:
-        ok, observed = False, str(err).splitlines()[0]
-    expect_finding(op.name, op.finding(key), key, ok, observed)
-
-
-@pytest.mark.parametrize("op", _grouped_ops())
-def test_kept_groups_beyond_four(op):
-    """topk_group = 5 of 8 groups: the case the ci profile drew on 2026-12-01 (F10 where declared)."""
-    _held_to_finding(op, RoutingCase(op=op.name, **KEPT_GROUPS_BEYOND_FOUR), "F10", "the op keeps all topk_group groups")
-
-
-def _grouped_beyond_eight_ops():
-    return [pytest.param(op, id=op.name, marks=_on_supported_gpu(op)) for op in OPS
-            if op.grouped and "DeepSeekV3" in op.methods and op.max_experts >= 64]
-
-
-@pytest.mark.parametrize("op", _grouped_beyond_eight_ops())
-def test_groups_beyond_eight(op):
-    """n_group = 32 (2 experts a group): the case the ci profile drew on 2026-12-01 (F11 where declared).
-    Run in a child process: on the H200 such a call was followed by an illegal memory access, which would
-    cost this process its CUDA context and skip every later in-process GPU test."""
-    case = RoutingCase(op=op.name, **GROUPS_BEYOND_EIGHT)
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))}
-    try:
-        child = subprocess.run([sys.executable, "-m", "ci.repro_routing", case.to_json()], cwd=root, env=env,
-                               capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{op.name}: the child process running {case.to_json()} did not finish in {CHILD_TIMEOUT_S} s")
-    lines = (child.stdout + child.stderr).strip().splitlines()
-    verdict = next((line for line in lines if line.startswith(("PASS", "FAIL"))), None)
-    if verdict is None:
-        pytest.fail(f"{op.name}: the child process exited {child.returncode} without a verdict: "
-                    f"{' | '.join(lines[-3:])}")
-    ok = verdict.startswith("PASS") and child.returncode == 0
-    observed = verdict if child.returncode in (0, 1) else f"{verdict} (then the child exited {child.returncode})"
-    expect_finding(op.name, op.finding("F11"), "F11", ok, observed[:400])
 
 
 def _ungrouped_top_k(op: RoutingOp, method: str) -> int:
@@ -251,7 +191,7 @@ LAUNCHER_CHECKS = [  # rejected by the C++ launcher, not by Python: needs the re
 
 
 @pytest.mark.parametrize("label, shape, message", [
-    pytest.param(*c, id=c[0], marks=_on_supported_gpu(DSV3)) for c in LAUNCHER_CHECKS])
+    pytest.param(*c, id=c[0], marks=supported_marker(DSV3)) for c in LAUNCHER_CHECKS])
 def test_dsv3_launcher_rejects(label, shape, message):
     dev = torch.device("cuda", 0)
     scores = torch.randn(4, shape["experts"], device=dev)
@@ -285,24 +225,3 @@ def test_unsupported_arch_is_refused(op):
     n_group, topk_group = op.ungrouped_groups
     with pytest.raises(BackendSupportedError, match="compute capability|does not support"):
         call(op, logits, method, _ungrouped_top_k(op, method), n_group=n_group, topk_group=topk_group)
-
-
-@pytest.mark.api
-@pytest.mark.parametrize("op", [op for op in OPS if op.grouped and "DeepSeekV3" in op.methods], ids=lambda op: op.name)
-def test_drawn_groups_reach_the_descriptors_limit_and_never_pass_it(op):
-    """The strategy routes around a declared finding only through the descriptor (F10: max_topk_group,
-    F11: max_n_group), and still draws that limit, so the cases test right up to it."""
-    seen, groups = set(), set()
-
-    @settings(max_examples=300, database=None, derandomize=True)
-    @given(case=routing_cases(op, "DeepSeekV3"))
-    def draw(case):
-        if case.n_group and case.n_group > 1:
-            seen.add(case.topk_group)
-            groups.add(case.n_group)
-
-    draw()
-    limit = op.max_topk_group or max(seen)
-    assert max(seen) == limit, f"{op.name}: drawn topk_group {sorted(seen)}, declared limit {op.max_topk_group}"
-    most = op.max_n_group or max(groups)
-    assert max(groups) == most, f"{op.name}: drawn n_group {sorted(groups)}, declared limit {op.max_n_group}"

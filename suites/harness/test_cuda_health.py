@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from fixtures import cuda_health
-from fixtures.checks import Subject, oracle_device
+from fixtures.oracle import oracle_device
 from fixtures.impl import Capabilities, Implementation
+from fixtures.runner import Subject
 from reference.recipes import BF16_WEIGHTS
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.checks import Subject, check_oracle, expected
+from fixtures.checks import check_oracle
+from fixtures.oracle import expected
 from fixtures.compare import relative_l2
 from fixtures.impl import load
 from fixtures.problem import BatchCase, LayerCase, Scenario
+from fixtures.runner import Subject
 from reference.recipes import SM90_PUSH_FP8
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu, pytest.mark.ep]

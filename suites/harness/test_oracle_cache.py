@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fixtures import checks
+from fixtures import oracle
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 
 
 def test_gpu_entries_are_evicted_by_bytes_and_released(monkeypatch):
-    monkeypatch.setattr(checks, "_CACHES", {})
-    monkeypatch.setattr(checks, "ORACLE_CACHE_BYTES", 3000)
+    monkeypatch.setattr(oracle, "_CACHES", {})
+    monkeypatch.setattr(oracle, "ORACLE_CACHE_BYTES", 3000)
     released = []
-    monkeypatch.setattr(checks, "release", lambda device: released.append(device.type))
+    monkeypatch.setattr(oracle, "release", lambda device: released.append(device.type))
     gpu = torch.device("cuda")
     made = []
 
@@ -23,22 +23,22 @@ def test_gpu_entries_are_evicted_by_bytes_and_released(monkeypatch):
         return (torch.zeros(250),)  # 1000 bytes
 
     for key in ("a", "b", "c"):
-        checks._cached("weights", key, gpu, lambda key=key: make(key))
-    cache = checks._CACHES[("weights", "cuda")]
+        oracle.cached("weights", key, gpu, lambda key=key: make(key))
+    cache = oracle._CACHES[("weights", "cuda")]
     assert list(cache) == ["a", "b", "c"] and released == []
-    checks._cached("weights", "a", gpu, lambda: make("a again"))  # a hit: nothing made, "a" now newest
-    checks._cached("weights", "d", gpu, lambda: make("d"))  # 4000 bytes > 3000: the oldest ("b") goes
+    oracle.cached("weights", "a", gpu, lambda: make("a again"))  # a hit: nothing made, "a" now newest
+    oracle.cached("weights", "d", gpu, lambda: make("d"))  # 4000 bytes > 3000: the oldest ("b") goes
     assert made == ["a", "b", "c", "d"] and list(cache) == ["c", "a", "d"]
     assert released == ["cuda"]
-    checks._cached("weights", "huge", gpu, lambda: (torch.zeros(10_000),))  # alone over budget: still kept
+    oracle.cached("weights", "huge", gpu, lambda: (torch.zeros(10_000),))  # alone over budget: still kept
     assert list(cache) == ["huge"]
 
 
 def test_cpu_entries_are_counted_apart_from_gpu_entries(monkeypatch):
-    monkeypatch.setattr(checks, "_CACHES", {})
-    monkeypatch.setattr(checks, "release", lambda device: None)
-    checks._cached("weights", "g", torch.device("cuda"), lambda: (torch.zeros(4),))
+    monkeypatch.setattr(oracle, "_CACHES", {})
+    monkeypatch.setattr(oracle, "release", lambda device: None)
+    oracle.cached("weights", "g", torch.device("cuda"), lambda: (torch.zeros(4),))
     for key in ("a", "b"):
-        checks._cached("weights", key, torch.device("cpu"), lambda: (torch.zeros(10**6),))
-    assert list(checks._CACHES[("weights", "cpu")]) == ["b"]  # ORACLE_CACHE["cpu"] == 1
-    assert list(checks._CACHES[("weights", "cuda")]) == ["g"]  # a host entry evicts no device entry
+        oracle.cached("weights", key, torch.device("cpu"), lambda: (torch.zeros(10**6),))
+    assert list(oracle._CACHES[("weights", "cpu")]) == ["b"]  # ORACLE_CACHE["cpu"] == 1
+    assert list(oracle._CACHES[("weights", "cuda")]) == ["g"]  # a host entry evicts no device entry

@@ -7,10 +7,11 @@ import time
 
 import pytest
 
-from fixtures.checks import Subject, check_oracle, run_scenario
+from fixtures.checks import check_oracle
 from fixtures.dist.pool import PoolKey, RankFailure, get_pool
 from fixtures.impl import load
 from fixtures.problem import BatchCase, LayerCase, Scenario
+from fixtures.runner import Subject, run_scenario
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu, pytest.mark.ep]
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.checks import ConformanceFailure, Subject, check_oracle
+from fixtures.checks import ConformanceFailure, check_oracle
 from fixtures.dist.pool import close_all
 from fixtures.impl import load
 from fixtures.problem import BatchCase, LayerCase, Scenario
+from fixtures.runner import Subject
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]

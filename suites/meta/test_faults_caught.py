@@ -6,15 +6,19 @@ caught it is printed in the run's summary.
 """
 from __future__ import annotations
 
+import shlex
+
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from ci import repro
 from fixtures import results
-from fixtures.checks import ConformanceFailure, Subject, run_generic_checks
+from fixtures.checks import CHECKS, ConformanceFailure, run_checks, run_generic_checks
 from fixtures.impl import load
 from fixtures.impls.faulty import FAULTS
 from fixtures.strategies import scenarios
+from fixtures.runner import Subject
 
 pytestmark = [pytest.mark.meta, pytest.mark.cpu]
 
@@ -33,10 +37,12 @@ def _find_failure(exc: BaseException) -> ConformanceFailure | None:
     return _find_failure(exc.__cause__) if exc.__cause__ else None
 
 
-@pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_generic_checks_catch(fault):
+def _search(fault: str, names=None) -> tuple[ConformanceFailure, int]:
+    """Drawn scenarios through the checks ``names`` (default: all) until one fails; the failure and how many
+    examples it took."""
     subject = Subject(f"faulty:{fault}", load(f"faulty:{fault}"), META_EP)
     examples = []
+    single = names is not None and all(CHECKS[n].single_batch for n in names)
 
     @settings(max_examples=MAX_EXAMPLES, derandomize=True, database=None, deadline=None,
               phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False,
@@ -44,17 +50,54 @@ def test_generic_checks_catch(fault):
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def generic_checks(data, seed):
         examples.append(1)
-        run_generic_checks(subject, data.draw(scenarios(subject.caps, META_EP)), seed)
+        scenario = data.draw(scenarios(subject.caps, META_EP, max_batches=1 if single else 3))
+        run_checks(subject, scenario, seed, names)
 
     with pytest.raises(BaseException) as info:
         generic_checks()
     failure = _find_failure(info.value)
-    assert failure is not None, f"{fault} ({FAULTS[fault]}) was not caught by a conformance check: {info.value!r}"
+    assert failure is not None, f"{fault} ({FAULTS[fault]}) was not caught by {names or 'a conformance check'}: " \
+                                f"{info.value!r}"
+    return failure, len(examples)
+
+
+# Each check alone, against a fault it is there to catch: its own printed reproduction must fail again.
+CHECK_FAULTS = {"textbook": "gate_up_swapped", "repeat-determinism": "accumulate_twice",
+                "permutation": "last_token_unwritten", "relabel": "experts_off_by_one"}
+
+
+def test_every_registered_check_has_a_fault_it_catches_alone():
+    assert sorted(CHECK_FAULTS) == sorted(n for n in CHECKS if n != "oracle"), "a registered check lacks a fault"
+
+
+@pytest.mark.parametrize("check, fault", sorted(CHECK_FAULTS.items()))
+def test_each_check_alone_catches_its_fault_and_reproduces_it(check, fault):
+    failure, examples = _search(fault, [check])
+    assert str(failure).startswith(f"[{check}]"), str(failure)[:300]
+    print(f"check {check!r} alone: caught {fault!r} after {examples} example(s)")
+    _printed_reproduction_fails_again(fault, str(failure), check)
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_generic_checks_catch(fault):
+    failure, examples = _search(fault)
     caught_by = str(failure).split("]", 1)[0].lstrip("[")
-    line = f"fault {fault!r} ({FAULTS[fault]}): caught by [{caught_by}] after {len(examples)} example(s)"
+    line = f"fault {fault!r} ({FAULTS[fault]}): caught by [{caught_by}] after {examples} example(s)"
     results.summary(line)
-    results.record("meta", fault=fault, check=caught_by, examples=len(examples), message=str(failure)[:2000])
+    results.record("meta", fault=fault, check=caught_by, examples=examples, message=str(failure)[:2000])
     print(line)
+    _printed_reproduction_fails_again(fault, str(failure), caught_by)
+
+
+def _printed_reproduction_fails_again(fault: str, message: str, caught_by: str) -> None:
+    """The failure's printed command, run as printed (on this process's pools), fails the same check."""
+    command = next(line for line in message.splitlines() if line.strip().startswith("reproduce: "))
+    argv = shlex.split(command.split("reproduce: ", 1)[1])
+    assert argv[:3] == ["python", "-m", "ci.repro"], command
+    subject, scenario, names, seed = repro.parse(argv[3:])
+    assert names == [caught_by], f"{fault}: the reproduction runs {names}, the failure was [{caught_by}]"
+    failed = [name for name, ok, _ in repro.verdicts(subject, scenario, names, seed) if not ok]
+    assert failed == [caught_by], f"{fault}: its printed reproduction passed: {command}"
 
 
 def test_reference_ep_itself_passes_the_same_search():

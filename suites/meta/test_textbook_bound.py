@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.checks import ConformanceFailure, RunResult, Subject, check_textbook, expected
+from fixtures.checks import ConformanceFailure, check_textbook
+from fixtures.oracle import expected
 from fixtures.compare import relative_l2
 from fixtures.impl import Capabilities, Implementation
 from fixtures.impls.faulty import _swap_gate_up
 from fixtures.problem import Scenario, make_batch, make_weights
+from fixtures.runner import RunResult, Subject
 from reference.moe import combine_terms, moe_terms, prepare_weights
 from reference.recipes import SM90_PULL_FP8_PER_TENSOR
 from reference.textbook import textbook_for_recipe

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reference import quant
+from reference import mx, quant
 
 pytestmark = pytest.mark.cpu
 
@@ -185,15 +185,15 @@ def test_nvfp4_rejects_ragged_rows():
 @given(st.integers(1, 300), st.integers(1, 9))
 def test_swizzle_128x4_round_trip(rows, cols):
     s = torch.randint(0, 255, (rows, cols), dtype=torch.uint8).view(torch.float8_e4m3fn)
-    flat = quant.swizzle_128x4(s)
+    flat = mx.swizzle_128x4(s)
     assert flat.numel() == -(-rows // 128) * 128 * -(-cols // 4) * 4
-    assert torch.equal(quant.unswizzle_128x4(flat, rows, cols).view(torch.uint8), s.view(torch.uint8))
+    assert torch.equal(mx.unswizzle_128x4(flat, rows, cols).view(torch.uint8), s.view(torch.uint8))
 
 
 def test_swizzle_128x4_positions_by_hand():
     rows, cols = 256, 8
     s = torch.arange(rows * cols, dtype=torch.int32).view(rows, cols)
-    flat = quant.swizzle_128x4(s)
+    flat = mx.swizzle_128x4(s)
     col_tiles = cols // 4
     for r in range(rows):
         for c in range(cols):
@@ -206,7 +206,7 @@ def test_swizzle_128x4_positions_by_hand():
 
 def test_e8m0_range():
     codes = torch.arange(256, dtype=torch.uint8)
-    values = quant.e8m0_to_float(codes)
+    values = mx.e8m0_to_float(codes)
     assert math.isnan(values[255].item())
     assert values[:255].tolist() == [2.0 ** (c - 127) for c in range(255)]
 
@@ -215,13 +215,13 @@ def test_mx_exponent_ceil_vs_floor():
     x = torch.zeros(3, 32)
     x[0, 0] = 1.0     # ceil(log2(1/448)) = -8 ; floor(log2 1) - 8 = -8
     x[1, 0] = 480.0   # ceil(log2(480/448)) = 1 -> 240 exact ; floor(log2 480) - 8 = 0 -> saturates to 448
-    q_c, s_c = quant.mx_quantize(x, fmt="mxfp8_e4m3", exponent="ceil")
-    q_f, s_f = quant.mx_quantize(x, fmt="mxfp8_e4m3", exponent="floor")
+    q_c, s_c = mx.mx_quantize(x, fmt="mxfp8_e4m3", exponent="ceil")
+    q_f, s_f = mx.mx_quantize(x, fmt="mxfp8_e4m3", exponent="floor")
     assert s_c[:, 0].tolist() == [127 - 8, 128, 0]
     assert s_f[:, 0].tolist() == [127 - 8, 127, 0]
-    assert quant.mx_dequantize(q_c, s_c)[1, 0].item() == 480.0
-    assert quant.mx_dequantize(q_f, s_f)[1, 0].item() == 448.0
-    assert quant.mx_dequantize(q_c, s_c)[2].abs().sum() == 0
+    assert mx.mx_dequantize(q_c, s_c)[1, 0].item() == 480.0
+    assert mx.mx_dequantize(q_f, s_f)[1, 0].item() == 448.0
+    assert mx.mx_dequantize(q_c, s_c)[2].abs().sum() == 0
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8_e4m3", "mxfp8_e5m2", "mxfp4"])
@@ -239,6 +239,6 @@ def test_mx_round_trip_is_exact_on_grid(fmt, exponent):
     if exponent == "floor":  # floor(log2 fmax) - emax_elem = 0 only when fmax's exponent is emax_elem
         assert math.floor(math.log2(fmax)) == quant.MX_FORMATS[fmt][1]
     x = values * quant.pow2(torch.randint(-6, 6, (4, 2), generator=gen)).repeat_interleave(32, dim=1)
-    q, codes = quant.mx_quantize(x, fmt=fmt, exponent=exponent)
+    q, codes = mx.mx_quantize(x, fmt=fmt, exponent=exponent)
     assert codes.dtype == torch.uint8 and codes.shape == (4, 2)
-    assert torch.equal(quant.mx_dequantize(q, codes, fmt=fmt), x)
+    assert torch.equal(mx.mx_dequantize(q, codes, fmt=fmt), x)

@@ -1,0 +1,106 @@
+"""The two building blocks of a recipe: one rounding step (:class:`Quant`) and how close an
+implementation must come to the recipe-emulating reference (:class:`Tolerance`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from reference import mx, quant
+
+QUANT_KINDS = ("none", "bf16", "fp8", "nvfp4", "mx")
+
+
+@dataclass(frozen=True)
+class Quant:
+    """One rounding step. ``kind``:
+
+    * ``none``  - exact fp32 pass-through; ``bf16`` - round to bf16;
+    * ``fp8``   - ``fmt`` e4m3/e5m2, ``block`` None (per tensor) / (1, G) / (R, C), ``scale`` fp32/ue8m0;
+      ``static_scale`` fixes a per-tensor dequant scale instead of deriving it from amax;
+    * ``nvfp4`` - 16-element E2M1 blocks with E4M3 scales, ``global_scale`` (None: 448*6/amax);
+    * ``mx``    - ``fmt`` mxfp8_e4m3/mxfp8_e5m2/mxfp4, 32-element blocks, E8M0 ``exponent`` ceil/floor.
+    """
+
+    kind: str = "none"
+    fmt: str = "e4m3"
+    block: tuple[int, int] | None = None
+    scale: str = "fp32"
+    static_scale: float | None = None
+    global_scale: float | None = None
+    exponent: str = "ceil"
+
+    def __post_init__(self):
+        if self.kind not in QUANT_KINDS:
+            raise ValueError(f"unknown quant kind {self.kind!r}; expected one of {QUANT_KINDS}")
+
+    def round_trip(self, x: torch.Tensor) -> torch.Tensor:
+        """The fp32 value this rounding step delivers for ``x`` (blocks along the last dims)."""
+        if self.kind == "none":
+            return x.float()
+        if self.kind == "bf16":
+            return x.to(torch.bfloat16).float()
+        if self.kind == "fp8":
+            if self.static_scale is not None:
+                fmax = quant.FP8_MAX[self.fmt]
+                q = quant.saturating_cast(x.float() / self.static_scale, quant.FP8_DTYPES[self.fmt], fmax)
+                return q.float() * self.static_scale
+            return quant.fp8_round_trip(x, fmt=self.fmt, block=self.block, scale=self.scale)
+        if self.kind == "nvfp4":
+            return quant.nvfp4_round_trip(x, global_scale=self.global_scale)
+        return mx.mx_round_trip(x, fmt=self.fmt, exponent=self.exponent)
+
+
+NONE = Quant("none")
+BF16 = Quant("bf16")
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close an implementation of a recipe must come to the recipe-emulating reference.
+
+    Three criteria, all required (peer-test-practices §1.4: FlashInfer pairs a global rel-L2 with an
+    element-wise band):
+    * global relative L2 ``||out - ref|| / ||ref|| <= rel_l2`` and cosine ``>= cosine``;
+    * per token: ``||out_t - ref_t|| <= row_rel_l2 * ||ref_t|| + row_floor * ||M_t||`` (catches one
+      wrong token in a large batch, which the global norm would dilute);
+    * per element, the magnitude band ``|out - ref| <= band_c * 2^-8 * M + band_atol``, where
+      M = Σ_k |w_k| (|s_k| @ |W2|^T) is the sum of the absolute products behind each output element
+      ("agreement is bounded by the round-off of the largest term, not of the final value"; taken
+      inside the FC2 GEMM, since a term that cancels there is no smaller in error than its products).
+    ``bitwise`` demands torch.equal instead. ``textbook_rel_l2`` bounds the distance to the fp64
+    textbook oracle, which ignores the recipe's quantization (a loose, documented sanity bound).
+
+    The global bounds are population bounds, measured on batches of tens of tokens; a rank's output of n
+    tokens is a sample of n rows, whose relative L2 spreads as 1/sqrt(n) around it. :meth:`global_bounds`
+    widens them towards the per-token bound accordingly: one token is held to ``row_rel_l2`` (the global
+    norm of one row is that row's), many tokens to ``rel_l2`` (H200, 2026-12-01: the blockwise pull kernel
+    at 1, 7 and 13 tokens of an H=128 layer, rel-L2 0.037, 0.030 and 0.023 against 0.02, band <= 8.3 units).
+    """
+
+    rel_l2: float = 0.0
+    cosine: float = 1.0
+    row_rel_l2: float = 0.0
+    row_floor: float = 0.0
+    band_c: float = 0.0
+    band_atol: float = 0.0
+    textbook_rel_l2: float = 1e-5
+    bitwise: bool = False
+    reason: str = ""
+
+    def global_bounds(self, rows: int) -> tuple[float, float]:
+        """(relative L2, cosine) bounds for an output of ``rows`` tokens: rel_l2 + (row_rel_l2 - rel_l2) /
+        sqrt(rows), and the cosine that relative L2 allows (1 - cos grows as rel-L2 squared)."""
+        if rows <= 0 or self.row_rel_l2 <= self.rel_l2 or self.rel_l2 <= 0:
+            return self.rel_l2, self.cosine
+        rel = self.rel_l2 + (self.row_rel_l2 - self.rel_l2) / rows ** 0.5
+        return rel, 1.0 - (1.0 - self.cosine) * (rel / self.rel_l2) ** 2
+
+
+BITWISE = Tolerance(bitwise=True, textbook_rel_l2=1e-5,
+                    reason="same fp32 math in the same order: any difference is a bug")
+
+FP32_ORDER = Tolerance(
+    rel_l2=1e-5, cosine=0.99999, row_rel_l2=1e-4, row_floor=1e-5, band_c=1e-2, band_atol=1e-6,
+    textbook_rel_l2=1e-5,
+    reason="the same fp32 math in another summation order: differences are fp32 round-off (~1e-7)")

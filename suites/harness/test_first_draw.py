@@ -1,0 +1,26 @@
+"""Hypothesis tries the simplest example first: for the generic tests it must be a busy batch (an idle
+one checks only that nothing crashes, and the ci profile draws only 10)."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import Phase, given, settings
+
+from fixtures.impl import load
+from fixtures.strategies import scenarios
+
+pytestmark = [pytest.mark.harness, pytest.mark.cpu]
+
+
+@pytest.mark.parametrize("ep", [1, 2, 4])
+def test_the_first_drawn_scenario_is_busy(ep):
+    caps = load("reference-ep").capabilities
+    first = []
+
+    @settings(max_examples=1, phases=[Phase.generate], database=None, derandomize=True)
+    @given(scenarios(caps, ep))
+    def draw(scenario):
+        first.append(scenario)
+
+    draw()
+    tokens = [b.tokens for b in first[0].batches]
+    assert all(sum(t) > 0 for t in tokens), f"first example at EP{ep} has an idle batch: {tokens}"
