@@ -6,20 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fixtures.compare import relative_l2
+from fixtures.flashinfer import behaviour
 from fixtures.flashinfer.adapter import FlashInferMegaLayer
 from fixtures.flashinfer.descriptors import DESCRIPTORS
-from fixtures.findings import expect_finding
 from fixtures.impl import RankContext
-from fixtures.problem import BatchCase, LayerCase, make_batch, make_weights
+from fixtures.problem import make_weights
 
 pytestmark = pytest.mark.sm90
 SM90 = [d for d in DESCRIPTORS if d.arch == "sm90"]
-
-
-def _layer_case(d, capacity=64) -> LayerCase:
-    return LayerCase(num_experts=8, hidden=max(256, d.hidden_multiple), intermediate=max(128, d.intermediate_multiple),
-                     top_k=4, capacity=capacity, weight_seed=77)
 
 
 def _build(d, layer_case, overrides=None):
@@ -28,9 +22,8 @@ def _build(d, layer_case, overrides=None):
     return FlashInferMegaLayer(d, overrides or {}, ctx, layer_case, w13, w2)
 
 
-def _inputs(layer_case, tokens, seed=1):
-    b = make_batch(layer_case, BatchCase(tokens=(tokens,), seed=seed), 1)
-    return b.hidden_states, b.topk_ids, b.topk_weights
+_inputs = behaviour.inputs
+_layer_case = behaviour.layer_case
 
 
 @pytest.fixture(scope="module", params=SM90, ids=lambda d: d.impl_name)
@@ -71,50 +64,11 @@ def test_smaller_batch_after_a_larger_one_has_no_stale_rows(built):
 
 
 def test_masked_routes(built):
-    """After a full batch, 8 tokens into a NaN-filled caller buffer: token 0 masks its first slot, token 1
-    every slot, token 2 its last slot. Tokens 0 and 2 must equal the same live routes with the masked
-    slot moved last / given to an unused expert at weight 0, token 1 must be zeros, the others unchanged."""
-    d, case, layer = built
-    layer.forward(*_inputs(case, case.capacity, seed=20))  # fill the kernel's buffers first
-    x, ids, w = _inputs(case, 8, seed=21)
-    ids[0, 0] = -1
-    ids[1] = -1
-    ids[2, -1] = -1
-    same_ids, same_w = ids.clone(), w.clone()
-    same_ids[0], same_w[0] = ids[0].roll(-1), w[0].roll(-1)  # the masked slot last
-    unused = next(e for e in range(case.num_experts) if e not in ids[2].tolist())
-    same_ids[2, -1], same_w[2, -1] = unused, 0.0  # a live expert with weight 0 instead of -1
-    same_ids[1], same_w[1] = ids[3], 0.0  # every weight 0: the row must be 0
-    want = layer.forward(x, same_ids, same_w).float()
-    out = layer.forward(x, ids, w, output=torch.full((8, case.hidden), float("nan"), dtype=torch.bfloat16,
-                                                     device=layer.device)).float()
-
-    def err(t):
-        return relative_l2(out[t], want[t]) if torch.isfinite(out[t]).all() else float("nan")
-
-    tol = d.recipe.tolerance.rel_l2
-    rest = relative_l2(out[3:], want[3:])
-    nonzero = int(torch.count_nonzero(out[1].nan_to_num(1.0)))  # a NaN counts as written wrong
-    observed = (f"token 0 (slot 0 masked) rel-L2 {err(0):.3g}; token 2 (last slot masked) rel-L2 {err(2):.3g}; "
-                f"token 1 (all masked): NaN {bool(out[1].isnan().any())}, nonzero {nonzero} of {case.hidden}; "
-                f"unmasked tokens rel-L2 {rest:.3g}")
-    ok = err(0) <= tol and err(2) <= tol and nonzero == 0
-    assert rest <= tol, f"{d.impl_name}: tokens without masked slots changed: {observed}"
-    expect_finding(d.impl_name, d.finding("F6"), "F6", ok, observed)
+    behaviour.check_masked_routes(built)
 
 
 def test_default_warmup_after_a_forward(built):
-    """The documented pre-capture call, ``warmup()`` with its own dummy batch, after real forwards."""
-    d, case, layer = built
-    x, ids, w = _inputs(case, 16, seed=22)
-    want = layer.forward(x, ids, w).clone()
-    try:
-        layer.layer.warmup()
-        ok, observed = True, "warmup() returned"
-    except Exception as err:  # noqa: BLE001 - the finding is whatever it raises
-        ok, observed = False, f"{type(err).__name__}: {err}"
-    assert torch.equal(layer.forward(x, ids, w), want), f"{d.impl_name}: the layer changed after warmup() ({observed})"
-    expect_finding(d.impl_name, d.finding("F7"), "F7", ok, observed)
+    behaviour.check_default_warmup_after_a_forward(built)
 
 
 def test_zero_tokens_then_a_normal_batch(built):

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from fixtures.flashinfer.adapter import capabilities
-from fixtures.flashinfer.descriptors import DEPRECATED_ALIASES, DESCRIPTORS, KERNEL_NAMES
+from fixtures.flashinfer.descriptors import (COLLECTIVE, DEPRECATED_ALIASES, DESCRIPTORS, KERNEL_NAMES, NUMERICS,
+                                            OUTPUT_INVARIANT)
 
 pytestmark = [pytest.mark.api, pytest.mark.cpu]
 
@@ -49,9 +50,14 @@ def test_descriptor_names_a_real_config_class_for_its_kernel(d):
         assert knob.name in fields, f"{d.impl_name}: knob {knob.name!r} not in {d.config_class}"
 
 
-def test_all_fifteen_kernels_of_0_7_2_have_descriptors():
-    # catalogue §0: 15 canonical kernels, 6 deprecated aliases
-    assert len(KERNEL_NAMES) == 15 and len(DEPRECATED_ALIASES) == 6
+def test_knob_classes_agree_with_their_promises():
+    """A knob promised bit-exact (its test sweeps it for bitwise equality) is never classed as changing the
+    numerics, and a numerics knob's values are all fuzzable (non-empty, the default first)."""
+    for d in DESCRIPTORS:
+        for knob in d.knobs:
+            assert knob.kind in (COLLECTIVE, OUTPUT_INVARIANT, NUMERICS), f"{d.impl_name}.{knob.name}: {knob.kind!r}"
+            assert not (knob.bitwise and knob.kind == NUMERICS), f"{d.impl_name}.{knob.name}: bitwise yet numerics"
+            assert knob.values, f"{d.impl_name}.{knob.name} has no values to fuzz"
 
 
 def test_an_accumulation_limit_names_a_declared_finding_and_bounds_the_drawn_layers():

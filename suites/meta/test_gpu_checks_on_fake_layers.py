@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from fixtures.flashinfer.descriptors import DESCRIPTORS
-from suites.flashinfer import test_gpu_behaviour as behaviour
+from fixtures.flashinfer import behaviour
 
 pytestmark = [pytest.mark.meta, pytest.mark.cpu]
 
 BASE = next(d for d in DESCRIPTORS if d.arch == "sm90")
-CASE = behaviour._layer_case(BASE)
+CASE = behaviour.layer_case(BASE)
 
 
 class FakeLayer:
@@ -47,8 +47,8 @@ def _descriptor(*findings):
 
 
 @pytest.mark.parametrize("check, defect, key", [
-    (behaviour.test_masked_routes, dict(skip_first_masked=True), "F6"),
-    (behaviour.test_default_warmup_after_a_forward, dict(warmup_raises=True), "F7"),
+    (behaviour.check_masked_routes, dict(skip_first_masked=True), "F6"),
+    (behaviour.check_default_warmup_after_a_forward, dict(warmup_raises=True), "F7"),
 ], ids=["masked-routes", "default-warmup"])
 def test_the_check_sees_the_defect(check, defect, key):
     check((_descriptor(), CASE, FakeLayer()))  # correct fake, nothing declared: passes

@@ -20,6 +20,8 @@ from reference.moe import combine_terms, moe_terms, prepare_weights
 from reference.recipes import SM90_PULL_FP8_PER_TENSOR
 from reference.textbook import textbook_for_recipe
 
+pytestmark = [pytest.mark.meta, pytest.mark.cpu]
+
 RECIPE = SM90_PULL_FP8_PER_TENSOR
 SUBJECT = Subject("recipe-exact", Implementation("recipe-exact", Capabilities(recipe=RECIPE), build=None), 1)
 # The failing H200 case's second batch: 33 tokens on one of two experts, inputs of scale 4.
