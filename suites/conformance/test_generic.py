@@ -15,7 +15,7 @@ from fixtures import results
 from fixtures.checks import CHECKS, ConformanceFailure, check_oracle, check_textbook
 from fixtures.findings import expect_finding
 from fixtures.geometries import MODELS, fits, layer_pool, model_layer
-from fixtures.problem import MASKING_PATTERNS, PATTERNS, BatchCase, LayerCase, Scenario
+from fixtures.problem import PATTERN_TABLE, PATTERNS, BatchCase, LayerCase, Scenario, pattern_skip
 from fixtures.strategies import batch_cases, masked_pattern, scenarios
 
 
@@ -70,12 +70,12 @@ def _fixed_layer(subject, clamp=None) -> LayerCase:
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_adversarial_pattern(subject, pattern):
     """Each adversarial input once, deterministically, whatever hypothesis happens to draw."""
-    if pattern in ("all_remote", "cross_rank") and subject.ep_size == 1:
-        pytest.skip(f"pattern {pattern!r} needs EP > 1")
-    if pattern in MASKING_PATTERNS and not subject.caps.supports_masked_ids:
+    methods = PATTERN_TABLE[pattern].methods
+    method = methods[0] if methods else "Renormalize"
+    why = pattern_skip(pattern, subject.ep_size, method, subject.caps.supports_masked_ids)
+    if why:
         known = f": {'; '.join(subject.caps.known_defects)}" if subject.caps.known_defects else ""
-        pytest.skip(f"{subject.spec} is not held to masked (-1) expert ids{known}")
-    method = "DeepSeekV3" if pattern == "underflow" else "Renormalize"
+        pytest.skip(f"{subject.spec}: {why}" + (known if PATTERN_TABLE[pattern].masks else ""))
     tokens = tuple(min(subject.caps.max_tokens_per_rank, 5 + 3 * r) for r in range(subject.ep_size))
     batch = BatchCase(tokens=tokens, seed=99, method=method, pattern=pattern, bias_scale=1.0 if method == "DeepSeekV3" else 0.0)
     check_oracle(subject, Scenario(_fixed_layer(subject), (batch,), subject.ep_size, (pattern,)))

@@ -71,11 +71,16 @@ def test_a_killed_gate_process_resumes_without_reasking(toy_server, gsm8k_dir, t
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     store = tmp_path / "out" / "answers-cand.jsonl"
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and (not store.exists() or len(store.read_text().splitlines()) < 300):
+
+    def answered_so_far() -> set[int]:  # complete answer lines after the header (the last may be half written)
+        lines = store.read_text().splitlines()[1:] if store.exists() else []
+        return {json.loads(line)["index"] for line in lines if line.endswith("}")}
+
+    while time.monotonic() < deadline and len(answered_so_far()) < 300:
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    answered = {json.loads(line)["index"] for line in store.read_text().splitlines()[1:] if line.endswith("}")}
+    answered = answered_so_far()
     assert 300 <= len(answered) < 1319
     before = httpx.get(cand + "/stats").json()["served"]
     result = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -19,7 +19,8 @@ def test_cases_per_minute_and_phase_split_come_from_the_suites_records(monkeypat
     assert cells[1] == "1" and cells[2] == "2", cells  # EP1, the two drawn cases
     assert float(cells[4]) > 0  # cases per minute
     split = [float(c) for c in cells[6:]]
-    assert 0 < sum(split[2:]) <= 100.5, f"wait + oracles are parts of the case time: {cells}"
+    # each cell is rounded to a whole percent: three of them may add up to 101.5
+    assert 0 < sum(split[2:]) <= 100 + 0.5 * len(split[2:]), f"wait + oracles are parts of the case time: {cells}"
 
 
 def test_only_the_drawn_reference_cases_count():

@@ -24,3 +24,13 @@ def test_the_first_drawn_scenario_is_busy(ep):
     draw()
     tokens = [b.tokens for b in first[0].batches]
     assert all(sum(t) > 0 for t in tokens), f"first example at EP{ep} has an idle batch: {tokens}"
+
+
+def test_a_pattern_that_cannot_apply_is_refused_not_ignored():
+    """all_remote at EP1 used to leave the batch random, silently: now the problem builder says why."""
+    from fixtures.problem import BatchCase, LayerCase, make_batch
+
+    layer = LayerCase(num_experts=4, hidden=64, intermediate=64, top_k=2, capacity=8)
+    with pytest.raises(ValueError, match="needs EP > 1"):
+        make_batch(layer, BatchCase(tokens=(4,), pattern="all_remote"), 1)
+    assert make_batch(layer, BatchCase(tokens=(2, 2), pattern="all_remote"), 2).topk_ids.shape == (4, 2)
