@@ -27,23 +27,11 @@ Conventions that make the reference a usable oracle:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-METHODS = (
-    "Default",
-    "Renormalize",
-    "RenormalizeNaive",
-    "DeepSeekV3",
-    "Llama4",
-    "TopK",
-    "Sigmoid",
-    "SigmoidRenorm",
-    "MiniMax2",
-    "TopKSigmoid",
-)
-# Methods whose selection uses a per-expert bias (e_score_correction_bias).
-BIASED_METHODS = ("DeepSeekV3", "MiniMax2")
 RENORM_EPS = 1e-20
 
 
@@ -63,8 +51,8 @@ def _validate(logits, method, top_k, bias, n_group, topk_group):
     num_experts = logits.shape[1]
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k must be in [1, E={num_experts}], got {top_k}")
-    if method == "Llama4" and top_k != 1:
-        raise ValueError(f"Llama4 routing is top-1 by definition, got top_k={top_k}")
+    if METHOD_TABLE[method].top_1 and top_k != 1:
+        raise ValueError(f"{method} routing is top-1 by definition, got top_k={top_k}")
     if logits.numel() and not torch.isfinite(logits).all():
         raise ValueError("logits contain NaN or Inf")
     if bias is not None:
@@ -77,8 +65,9 @@ def _validate(logits, method, top_k, bias, n_group, topk_group):
     if (n_group is None) != (topk_group is None):
         raise ValueError("n_group and topk_group go together")
     if n_group is not None:
-        if method != "DeepSeekV3":
-            raise ValueError(f"expert groups apply to DeepSeekV3 routing only, not {method}")
+        if not METHOD_TABLE[method].grouped:
+            raise ValueError(f"expert groups apply to {[m for m in METHODS if METHOD_TABLE[m].grouped]} "
+                             f"routing only, not {method}")
         if n_group < 1 or num_experts % n_group:
             raise ValueError(f"E={num_experts} is not divisible by n_group={n_group}")
         if not 1 <= topk_group <= n_group:
@@ -112,16 +101,67 @@ def sum_normalize(w: torch.Tensor) -> torch.Tensor:
     return w / (w.sum(-1, keepdim=True) + RENORM_EPS)
 
 
-def _selection_score(z: torch.Tensor, method: str, bias: torch.Tensor | None) -> torch.Tensor:
-    """The score top-k ranks, before any group masking, in the dtype of ``z``."""
-    if method in ("Default", "RenormalizeNaive"):
-        return torch.softmax(z, dim=-1)
-    if method in ("Sigmoid", "SigmoidRenorm"):
-        return torch.sigmoid(z)
-    if method in BIASED_METHODS:
-        s = torch.sigmoid(z)
-        return s if bias is None else s + bias
-    return z  # ranked on the raw logits
+def _softmax(z, bias):
+    return torch.softmax(z, dim=-1)
+
+
+def _sigmoid(z, bias):
+    return torch.sigmoid(z)
+
+
+def _sigmoid_plus_bias(z, bias):
+    s = torch.sigmoid(z)
+    return s if bias is None else s + bias
+
+
+def _raw(z, bias):
+    return z
+
+
+def _picked(z, score, ids):
+    return score.gather(1, ids)
+
+
+def _picked_over_sum(z, score, ids):
+    w = score.gather(1, ids)
+    return w / w.sum(-1, keepdim=True)
+
+
+def _unbiased_sigmoid_normalized(z, score, ids):
+    return sum_normalize(torch.sigmoid(z).gather(1, ids))  # recomputed from the logits, never (s + b) - b
+
+
+@dataclass(frozen=True)
+class Method:
+    """One routing method: ``score(z, bias)`` is what top-k ranks (before group masking), ``weight(z,
+    score, ids)`` the weights before ``routed_scaling_factor``. ``biased``: takes a per-expert bias;
+    ``grouped``: takes expert groups; ``top_1``: K = 1 by definition; ``scales_input``: the weight
+    multiplies the token before the experts (the problem builder applies it there)."""
+
+    name: str
+    score: Callable
+    weight: Callable
+    biased: bool = False
+    grouped: bool = False
+    top_1: bool = False
+    scales_input: bool = False
+
+
+METHOD_TABLE = {m.name: m for m in (
+    Method("Default", _softmax, _picked),
+    Method("Renormalize", _raw, lambda z, score, ids: torch.softmax(z.gather(1, ids), dim=-1)),
+    Method("RenormalizeNaive", _softmax, _picked_over_sum),
+    Method("DeepSeekV3", _sigmoid_plus_bias, _unbiased_sigmoid_normalized, biased=True, grouped=True),
+    Method("Llama4", _raw, lambda z, score, ids: torch.sigmoid(z.gather(1, ids)), top_1=True, scales_input=True),
+    Method("TopK", _raw, lambda z, score, ids: z.gather(1, ids)),
+    Method("Sigmoid", _sigmoid, _picked),
+    Method("SigmoidRenorm", _sigmoid,
+           lambda z, score, ids: score.gather(1, ids) / score.gather(1, ids).sum(-1, keepdim=True).clamp_min(RENORM_EPS)),
+    Method("MiniMax2", _sigmoid_plus_bias, _unbiased_sigmoid_normalized, biased=True),
+    Method("TopKSigmoid", _raw, lambda z, score, ids: torch.sigmoid(z.gather(1, ids))),
+)}
+METHODS = tuple(METHOD_TABLE)
+BIASED_METHODS = tuple(m.name for m in METHOD_TABLE.values() if m.biased)  # e_score_correction_bias
 
 
 def route(
@@ -143,27 +183,12 @@ def route(
     if not math.isfinite(routed_scaling_factor):
         raise ValueError("routed_scaling_factor must be finite")
     z = logits.float()
-    score = _selection_score(z, method, None if bias is None else bias.float())
+    m = METHOD_TABLE[method]
+    score = m.score(z, None if bias is None else bias.float())
     if n_group is not None and n_group > 1:
         score = _in_kept_groups(score, _group_scores(score, n_group), topk_group)
     ids = stable_topk(score, top_k)
-
-    if method in ("Default", "Sigmoid"):
-        w = score.gather(1, ids)
-    elif method == "Renormalize":
-        w = torch.softmax(z.gather(1, ids), dim=-1)
-    elif method == "RenormalizeNaive":
-        w = score.gather(1, ids)
-        w = w / w.sum(-1, keepdim=True)
-    elif method in BIASED_METHODS:
-        w = sum_normalize(torch.sigmoid(z).gather(1, ids))  # unbiased sigmoid, recomputed from the logits
-    elif method == "TopK":
-        w = z.gather(1, ids)
-    elif method == "SigmoidRenorm":
-        w = score.gather(1, ids)
-        w = w / w.sum(-1, keepdim=True).clamp_min(RENORM_EPS)
-    else:  # Llama4 (K = 1), TopKSigmoid
-        w = torch.sigmoid(z.gather(1, ids))
+    w = m.weight(z, score, ids)
     return ids.to(torch.int64), (w * routed_scaling_factor).to(torch.float32)
 
 
@@ -184,7 +209,7 @@ def decision_margin(
     its tie rule, so a kernel can be held to set equality. ``inf`` where nothing is dropped.
     """
     _validate(logits, method, top_k, bias, n_group, topk_group)
-    score = _selection_score(logits.double(), method, None if bias is None else bias.double())
+    score = METHOD_TABLE[method].score(logits.double(), None if bias is None else bias.double())
     tokens, num_experts = score.shape
     margin = torch.full((tokens,), float("inf"), dtype=torch.float64, device=score.device)
     if n_group is not None and n_group > 1:
