@@ -30,16 +30,16 @@ COLUMNS = ("impl", "EP", "cases", "case s", "cases/min", "layers built", "rank b
 def summarise(records) -> dict[tuple[str, int], dict]:
     out: dict[tuple[str, int], dict] = defaultdict(lambda: defaultdict(float))
     for rec in records:
-        if rec.get("check") != CHECK:
+        if rec.check != CHECK:
             continue
-        s = out[(rec["impl"], rec["ep"])]
+        s = out[(rec.impl, rec.ep)]
         s["cases"] += 1
-        s["case s"] += rec["seconds"]
-        s["layers built"] += rec.get("layers_built", 0)
-        s["rank build"] += rec.get("rank_seconds", {}).get("build", 0.0)
-        s["rank forward"] += sum(v for k, v in rec.get("rank_seconds", {}).items() if k.endswith("forward"))
+        s["case s"] += rec.seconds
+        s["layers built"] += rec.layers_built
+        s["rank build"] += rec.rank_seconds.get("build", 0.0)
+        s["rank forward"] += sum(v for k, v in rec.rank_seconds.items() if k.endswith("forward"))
         for kind in ("run", "oracle", "textbook"):
-            s[kind] += rec.get("process_seconds", {}).get(kind, 0.0)
+            s[kind] += rec.process_seconds.get(kind, 0.0)
     return out
 
 

@@ -22,13 +22,13 @@ COLUMNS = ("impl", "EP", "cases", "checks", "rel-L2 max", "cosine min", "token m
 def summarise(records) -> dict[tuple[str, int], dict]:
     out: dict[tuple[str, int], dict] = defaultdict(lambda: defaultdict(float))
     for rec in records:
-        s = out[(rec["impl"], rec["ep"])]
+        s = out[(rec.impl, rec.ep)]
         s["cases"] += 1
-        s["case s (sum)"] += rec.get("seconds", 0.0)
-        s["rank build s"] += rec.get("rank_seconds", {}).get("build", 0.0)
-        s["rank forward s"] += rec.get("rank_seconds", {}).get("forward", 0.0)
-        s["oracle s"] += rec.get("process_seconds", {}).get("oracle", 0.0)
-        for m in rec.get("metrics", []):
+        s["case s (sum)"] += rec.seconds
+        s["rank build s"] += rec.rank_seconds.get("build", 0.0)
+        s["rank forward s"] += rec.rank_seconds.get("forward", 0.0)
+        s["oracle s"] += rec.process_seconds.get("oracle", 0.0)
+        for m in rec.metrics:
             if "rel_l2" not in m:  # an empty batch: nothing compared
                 continue
             s["checks"] += 1
@@ -36,7 +36,7 @@ def summarise(records) -> dict[tuple[str, int], dict]:
             s["cosine min"] = min(s.get("cosine min", 1.0), m.get("cosine", 1.0))
             s["token max"] = max(s["token max"], m.get("row_rel_max", 0.0))
             s["band max"] = max(s["band max"], m.get("band_units_max", 0.0))
-        for t in rec.get("textbook_rel_l2", []):
+        for t in rec.textbook_rel_l2:
             s["textbook max"] = max(s["textbook max"], t)
     return out
 

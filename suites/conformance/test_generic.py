@@ -26,12 +26,12 @@ def drawn(subject, data, **kw):
 
 
 def _record(subject, scenario, check, started, run, textbook=()):
-    """One line of cases-*.jsonl; the timings say where a slow case spent its time (rank phases, this
-    process's wait for the ranks, its reference and textbook oracles)."""
-    results.record("cases", impl=subject.spec, ep=subject.ep_size, recipe=subject.caps.recipe.name,
-                   check=check, scenario=scenario.to_json(), seconds=round(time.monotonic() - started, 4),
-                   metrics=list(run.metrics), textbook_rel_l2=list(textbook), rank_seconds=run.rank_seconds,
-                   process_seconds=run.seconds, layers_built=run.layers_built)
+    """One line of cases-*.jsonl (fixtures.results.CaseRecord)."""
+    results.record_case(results.CaseRecord(
+        impl=subject.spec, ep=subject.ep_size, recipe=subject.caps.recipe.name, check=check,
+        scenario=scenario.to_json(), seconds=round(time.monotonic() - started, 4), metrics=list(run.metrics),
+        textbook_rel_l2=list(textbook), rank_seconds=run.rank_seconds, process_seconds=run.seconds,
+        layers_built=run.layers_built))
 
 
 @given(data=st.data())

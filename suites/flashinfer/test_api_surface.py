@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from ci.snapshot_flashinfer_api import snapshot, snapshot_path
+from fixtures import findings
 from fixtures.flashinfer.descriptors import DESCRIPTORS
 
 pytestmark = [pytest.mark.api, pytest.mark.cpu]
@@ -81,10 +82,7 @@ def test_fleet_validation_rejects_experts_not_divisible_by_world():
 
 
 @pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
-                   reason="FINDING (catalogue §1.5): validate_mega_fleet_params does not check "
-                                       "top_k <= num_experts although mega_layer.py claims it is validated at "
-                                       "init. Reproduce: validate_mega_fleet_params(FleetParams(4, 16, 256), 1, "
-                                       "intermediate_size=256, top_k=8) returns without error")
+                   reason=findings.text("F4"))
 def test_fleet_validation_rejects_top_k_above_expert_count():
     import flashinfer.moe_ep as fi
     fleet = fi.FleetParams(num_experts=4, max_tokens_per_rank=16, token_hidden_size=256)
@@ -103,10 +101,7 @@ def test_forward_input_validation():
 
 
 @pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
-                   reason="FINDING F9 (catalogue §1.5): validate_mega_forward_inputs checks shapes only; "
-                                       "expert ids outside [-1, E) pass (and the SM90 backends' own forward "
-                                       "validators, staging.py, check no ranges either), so a bad id reaches the "
-                                       "kernel's expert tables. Reproduce: ids = [[8, -2]] with E = 8")
+                   reason=findings.text("F9"))
 @pytest.mark.parametrize("bad_id", [8, -2], ids=["id=E", "id=-2"])
 def test_forward_input_validation_rejects_out_of_range_ids(bad_id):
     import flashinfer.moe_ep as fi

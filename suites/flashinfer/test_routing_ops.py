@@ -19,7 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fixtures import arch, results
+from fixtures import arch, findings, results
 from fixtures.flashinfer.routing_check import PATTERNS, RoutingCase, check, routing_cases
 from fixtures.flashinfer.routing_ops import BY_NAME, OPS, RoutingOp, call, supported_marker
 from reference.routing import BIASED_METHODS
@@ -157,9 +157,7 @@ def test_documented_limits_are_enforced_before_launch(validation_only, op, label
 
 
 DSV3 = BY_NAME["fused_topk_deepseek"]
-F5 = ("FINDING F5: fused_topk_deepseek checks topk_group * n_group >= topk (fused_routing_dsv3.py, "
-      "_check_dsv3_fused_routing_supported) where the experts of the kept groups, topk_group * num_experts / n_group, "
-      "bound topk: ")
+F5 = findings.text("F5") + " | this case: "
 
 
 @pytest.mark.api

@@ -1,18 +1,21 @@
 """ci/summarise_cases.py on records shaped like those the conformance suites write (cases-*.jsonl)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from ci.summarise_cases import main, summarise
+from fixtures.results import CaseRecord
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 
 
 def _record(impl, ep, metrics, textbook=(), seconds=1.0):
-    return {"impl": impl, "ep": ep, "metrics": metrics, "textbook_rel_l2": list(textbook), "seconds": seconds,
-            "rank_seconds": {"build": 0.5, "forward": 0.25}, "process_seconds": {"oracle": 0.125}}
+    return CaseRecord(impl=impl, ep=ep, recipe="r", check="oracle+textbook", scenario="{}", seconds=seconds,
+                      metrics=metrics, textbook_rel_l2=list(textbook), rank_seconds={"build": 0.5, "forward": 0.25},
+                      process_seconds={"oracle": 0.125})
 
 
 def test_worst_errors_and_times_per_backend_and_ep_size():
@@ -32,7 +35,8 @@ def test_worst_errors_and_times_per_backend_and_ep_size():
 
 def test_reads_the_suites_own_results(tmp_path, capsys):
     path = tmp_path / "cases-main.jsonl"
-    path.write_text("\n".join(json.dumps(_record("impl-x", 4, [{"rel_l2": 0.5}])) for _ in range(3)) + "\n")
+    line = json.dumps({"time": 1.0, **dataclasses.asdict(_record("impl-x", 4, [{"rel_l2": 0.5}]))})
+    path.write_text("\n".join([line] * 3) + "\n")
     assert main([str(tmp_path)]) == 0
     row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| impl-x")]
     assert row == ["| impl-x | 4 | 3 | 3 | 0.5 | 1 | 0 | 0 |  | 3 | 1.5 | 0.75 | 0.375 |"]
