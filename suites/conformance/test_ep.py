@@ -8,7 +8,8 @@ import torch
 
 from fixtures.checks import check_oracle, regrouped_tolerance
 from fixtures.compare import compare
-from fixtures.problem import BatchCase, LayerCase, Scenario
+from fixtures.geometries import fixed_layer
+from fixtures.problem import BatchCase, Scenario
 from fixtures.selection import ep_skip_reason, selected_ep_sizes
 from fixtures.strategies import masked_pattern
 from fixtures.runner import Subject
@@ -32,11 +33,8 @@ def test_same_global_problem_at_every_ep_size(subject, request):
     if len(sizes) < 2:
         pytest.skip(f"{subject.spec}: fewer than two runnable EP sizes among the selected ones ({sizes})")
     caps = subject.caps
-    hidden = caps.hidden_multiple * max(1, 256 // caps.hidden_multiple)
-    inter = caps.intermediate_multiple * max(1, 128 // caps.intermediate_multiple)
-    layer = LayerCase(num_experts=8, hidden=hidden, intermediate=inter, top_k=min(4, max(caps.top_k_values)),
-                      capacity=caps.max_tokens_per_rank, clamp_limit=1.0 if caps.recipe.clamp_supported else None,
-                      weight_seed=2024)
+    layer = fixed_layer(caps, hidden=256, intermediate=128, num_experts=8, top_k=min(4, max(caps.top_k_values)),
+                        clamp_limit=1.0 if caps.recipe.clamp_supported else None, weight_seed=2024)
     total = 8 * min(8, caps.max_tokens_per_rank)
     outputs = {}
     for ep in sizes:
@@ -67,7 +65,6 @@ def test_ranks_go_idle_independently(subject, seed):
         steps.append(BatchCase(tokens=tokens, seed=100 * seed + step))
     steps.append(BatchCase(tokens=(cap,) * subject.ep_size, seed=999))  # then every rank busy
     caps = subject.caps
-    layer = LayerCase(num_experts=2 * subject.ep_size, hidden=caps.hidden_multiple * max(1, 128 // caps.hidden_multiple),
-                      intermediate=caps.intermediate_multiple * max(1, 64 // caps.intermediate_multiple),
-                      top_k=min(2, max(caps.top_k_values)), capacity=cap, weight_seed=seed)
+    layer = fixed_layer(caps, hidden=128, intermediate=64, num_experts=2 * subject.ep_size,
+                        top_k=min(2, max(caps.top_k_values)), capacity=cap, weight_seed=seed)
     check_oracle(subject, Scenario(layer, tuple(steps), subject.ep_size, ("idle-schedule",)))

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from fixtures import results
 from fixtures.checks import CHECKS, ConformanceFailure, check_oracle, check_textbook
 from fixtures.findings import expect_finding
-from fixtures.geometries import MODELS, fits, layer_pool, model_layer
+from fixtures.geometries import MODELS, fits, fixed_layer, layer_pool, model_layer
 from fixtures.problem import PATTERN_TABLE, PATTERNS, BatchCase, LayerCase, Scenario, pattern_skip
 from fixtures.strategies import batch_cases, masked_pattern, scenarios
 
@@ -58,13 +58,9 @@ _CHECKED_ON_CPU: set[str] = set()  # model-geometry tests of CPU subjects that h
 
 
 def _fixed_layer(subject, clamp=None) -> LayerCase:
-    caps = subject.caps
-    hidden = caps.hidden_multiple * max(1, 128 // caps.hidden_multiple)
-    inter = caps.intermediate_multiple * max(1, 64 // caps.intermediate_multiple)
-    top_k = max(k for k in caps.top_k_values if k <= 4)
-    return LayerCase(num_experts=subject.ep_size * max(2, -(-top_k // subject.ep_size)), hidden=hidden,
-                     intermediate=inter, top_k=top_k, capacity=caps.max_tokens_per_rank, clamp_limit=clamp,
-                     weight_seed=1234)
+    top_k = max(k for k in subject.caps.top_k_values if k <= 4)
+    return fixed_layer(subject.caps, hidden=128, intermediate=64, top_k=top_k, clamp_limit=clamp, weight_seed=1234,
+                       num_experts=subject.ep_size * max(2, -(-top_k // subject.ep_size)))
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
