@@ -76,6 +76,8 @@ class Tolerance:
     widens them towards the per-token bound accordingly: one token is held to ``row_rel_l2`` (the global
     norm of one row is that row's), many tokens to ``rel_l2`` (H200, 2026-12-01: the blockwise pull kernel
     at 1, 7 and 13 tokens of an H=128 layer, rel-L2 0.037, 0.030 and 0.023 against 0.02, band <= 8.3 units).
+
+    :class:`Systematic` bounds what a noise bound cannot see: a gain or bias that every element shares.
     """
 
     rel_l2: float = 0.0
@@ -87,6 +89,7 @@ class Tolerance:
     textbook_rel_l2: float = 1e-5
     bitwise: bool = False
     reason: str = ""
+    systematic: "Systematic | None" = None  # None: no systematic-error check (bitwise or round-off only)
 
     def global_bounds(self, rows: int) -> tuple[float, float]:
         """(relative L2, cosine) bounds for an output of ``rows`` tokens: rel_l2 + (row_rel_l2 - rel_l2) /
@@ -95,6 +98,20 @@ class Tolerance:
             return self.rel_l2, self.cosine
         rel = self.rel_l2 + (self.row_rel_l2 - self.rel_l2) / rows ** 0.5
         return rel, 1.0 - (1.0 - self.cosine) * (rel / self.rel_l2) ** 2
+
+
+@dataclass(frozen=True)
+class Systematic:
+    """Bounds on systematic errors (fixtures.systematic): each statistic may differ from its ideal by ``k``
+    standard errors (from the case's own residuals) plus a floor. ``reason`` says where the floors come
+    from: provisional floors say so until hardware calibration replaces them."""
+
+    gain_floor: float
+    bias_floor: float
+    expert_gain_floor: float
+    rank_gain_floor: float
+    k: float = 6.0
+    reason: str = ""
 
 
 BITWISE = Tolerance(bitwise=True, textbook_rel_l2=1e-5,

@@ -13,7 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 
 # The building blocks, re-exported: a recipe module user needs no second import.
-from reference.numerics import BF16, BITWISE, FP32_ORDER, NONE, QUANT_KINDS, Quant, Tolerance  # noqa: F401
+from reference.numerics import (BF16, BITWISE, FP32_ORDER, NONE, QUANT_KINDS, Quant, Systematic,  # noqa: F401
+                                Tolerance)
 
 CLAMP_STYLES = ("gate_upper", "symmetric")
 PLACEMENTS = ("before_fc2_quant", "combine", "input")
@@ -105,6 +106,14 @@ BF16_WEIGHTS = Recipe(
 # = 32 band units. Most cases are bit-exact to the recipe; the flips are rare, isolated elements.
 E4M3_FLIP_BAND = 32.0
 
+# Systematic-error floors (fixtures.systematic): the smallest faults issue 12 asks to see are a uniform
+# 0.1% scale, one expert scaled by 1% and one rank by 3%, so the floors sit at half of each; the k = 6
+# standard errors on top come from each case's own residuals.
+PROVISIONAL_SYSTEMATIC = Systematic(
+    gain_floor=5e-4, bias_floor=1e-3, expert_gain_floor=5e-3, rank_gain_floor=1e-2,
+    reason="provisional, not yet calibrated on the H200 (ci/calibrate.py records the statistics); seen so far "
+           "(2026-12-01, python -m ci.accum_probe): per_tensor at H=1024, I=512, 64 tokens, gain 0.9998")
+
 _FP8_KERNEL_TOL = Tolerance(
     rel_l2=0.02, cosine=0.999, row_rel_l2=0.08, row_floor=0.004, band_c=E4M3_FLIP_BAND, band_atol=1e-3,
     textbook_rel_l2=0.12,
@@ -114,7 +123,8 @@ _FP8_KERNEL_TOL = Tolerance(
            "row), hence 0.08; worst element 9.5 band units, inside the one-flip bound of 32 (E4M3_FLIP_BAND). "
            "Textbook bound: three e4m3 roundings (2^-4 relative each) of O(1) values: measured 0.062-0.072 on "
            "unit-scale inputs, up to 0.114 with inputs of scale 4 (runs 5-6); where the recipe itself is further "
-           "(a static scale saturating at 448), fixtures.checks.check_textbook bounds by the recipe's own distance")
+           "(a static scale saturating at 448), fixtures.checks.check_textbook bounds by the recipe's own distance",
+    systematic=PROVISIONAL_SYSTEMATIC)
 
 SM90_PULL_FP8_BLOCKWISE = Recipe(
     name="sm90_pull_fp8_blockwise",
@@ -168,7 +178,8 @@ SM90_PUSH_CAKE_BF16 = Recipe(
         textbook_rel_l2=0.02,
         reason="measured on the H200 (2026-11-29): rel-L2 <= 0.0029 against this recipe (0.0 on a one-tile "
                "layer); bf16 intermediate and bf16 per-route terms are emulated, what is left is "
-               "fp32 accumulation order (a few bf16 ulps of the largest product)"),
+               "fp32 accumulation order (a few bf16 ulps of the largest product)",
+        systematic=PROVISIONAL_SYSTEMATIC),
     source="catalogue §3.3 (no FP8 anywhere; both g and u clamped to [-L, L]; per_route wire "
            "bf16(fp32(y)*w) summed in fp32)")
 
@@ -180,7 +191,8 @@ SM100_NVFP4 = Recipe(
     tolerance=Tolerance(
         rel_l2=0.02, cosine=0.999, row_rel_l2=0.06, row_floor=0.03, band_c=8.0, band_atol=2e-3,
         textbook_rel_l2=0.5,
-        reason="unverified on hardware (no SM100 here): FlashInfer's NVFP4 oracle test, rel_l2 < 0.02"),
+        reason="unverified on hardware (no SM100 here): FlashInfer's NVFP4 oracle test, rel_l2 < 0.02",
+        systematic=PROVISIONAL_SYSTEMATIC),
     source="catalogue §3.5 (input_norm_const = weight norm_const = fc1_norm_const = 1, alphas 1)")
 
 SM100_MXFP8 = Recipe(
@@ -207,7 +219,8 @@ SM100_DEEPGEMM_FP8_FP4 = Recipe(
     tolerance=Tolerance(
         rel_l2=0.02, cosine=0.999, row_rel_l2=0.08, row_floor=0.04, band_c=16.0, band_atol=0.15,
         textbook_rel_l2=0.6,
-        reason="unverified on hardware (no SM100 here): FlashInfer's DeepGEMM oracle, atol 0.15, rel_l2 0.02"),
+        reason="unverified on hardware (no SM100 here): FlashInfer's DeepGEMM oracle, atol 0.15, rel_l2 0.02",
+        systematic=PROVISIONAL_SYSTEMATIC),
     source="catalogue §3.4, peer-test-practices §1.3(c)")
 
 KERNEL_RECIPES = {r.name: r for r in (

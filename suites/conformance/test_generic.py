@@ -43,8 +43,7 @@ def test_matches_reference(subject, data):
     _record(subject, scenario, "oracle+textbook", started, run, textbook)
 
 
-@pytest.mark.parametrize("check", [c for c in CHECKS.values() if c.name not in ("oracle", "textbook")],
-                         ids=lambda c: c.name)
+@pytest.mark.parametrize("check", [c for c in CHECKS.values() if c.own_test], ids=lambda c: c.name)
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_check(subject, check, data, seed):
     """Each registered check beyond the oracle pair (test_matches_reference) on drawn scenarios."""

@@ -1,5 +1,5 @@
 """Faulty wrappers around real SM90 layers must each be caught by the oracle check at the kernel's own
-tolerance: proof that the calibrated tolerances are tight enough to see real bugs."""
+tolerance (noise bounds and systematic bounds): proof that the tolerances are tight enough to see real bugs."""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +12,8 @@ from fixtures.problem import BatchCase, LayerCase, Scenario
 from fixtures.runner import Subject
 
 pytestmark = pytest.mark.sm90
-GPU_FAULTS = ("gate_up_swapped", "slot_weight_dropped", "last_token_unwritten", "weight_bias")
+GPU_FAULTS = ("gate_up_swapped", "slot_weight_dropped", "last_token_unwritten", "weight_bias",
+              "scale_1e-3", "one_expert_scale_1e-2")  # the last two: the systematic bounds (issue 12)
 SM90 = [d for d in DESCRIPTORS if d.arch == "sm90"]
 
 

@@ -37,10 +37,11 @@ def _find_failure(exc: BaseException) -> ConformanceFailure | None:
     return _find_failure(exc.__cause__) if exc.__cause__ else None
 
 
-def _search(fault: str, names=None) -> tuple[ConformanceFailure, int]:
+def _search(fault: str, names=None, inner: str = "") -> tuple[ConformanceFailure, int]:
     """Drawn scenarios through the checks ``names`` (default: all) until one fails; the failure and how many
-    examples it took."""
-    subject = Subject(f"faulty:{fault}", load(f"faulty:{fault}"), META_EP)
+    examples it took. ``inner``: the implementation the fault wraps (default reference-ep)."""
+    spec = f"faulty:{fault}" + (f"@{inner}" if inner else "")
+    subject = Subject(spec, load(spec), META_EP)
     examples = []
     single = names is not None and all(CHECKS[n].single_batch for n in names)
 
@@ -62,7 +63,7 @@ def _search(fault: str, names=None) -> tuple[ConformanceFailure, int]:
 
 
 # Each check alone, against a fault it is there to catch: its own printed reproduction must fail again.
-CHECK_FAULTS = {"textbook": "gate_up_swapped", "repeat-determinism": "accumulate_twice",
+CHECK_FAULTS = {"textbook": "gate_up_swapped", "repeat-determinism": "accumulate_twice", "systematic": "scale_1e-3",
                 "permutation": "last_token_unwritten", "relabel": "experts_off_by_one"}
 
 
@@ -76,6 +77,20 @@ def test_each_check_alone_catches_its_fault_and_reproduces_it(check, fault):
     assert str(failure).startswith(f"[{check}]"), str(failure)[:300]
     print(f"check {check!r} alone: caught {fault!r} after {examples} example(s)")
     _printed_reproduction_fails_again(fault, str(failure), check)
+
+
+SYSTEMATIC_FAULTS = ("scale_1e-3", "one_expert_scale_1e-2", "one_rank_scale_3e-2")
+FP8_RECIPES = ("sm90_pull_fp8_blockwise", "sm90_pull_fp8_per_tensor", "sm90_push_fp8")
+
+
+@pytest.mark.parametrize("recipe", FP8_RECIPES)
+@pytest.mark.parametrize("fault", SYSTEMATIC_FAULTS)
+def test_systematic_faults_are_caught_under_each_fp8_recipe(fault, recipe):
+    """reference-ep computing an FP8 recipe, held to that recipe's tolerance (not bitwise): 0.1% everywhere,
+    1% on one expert, 3% on one rank each fail the systematic check (the noise bounds let them pass)."""
+    failure, examples = _search(fault, inner=f"reference-ep[{recipe}]")
+    assert str(failure).startswith("[systematic]"), str(failure)[:300]
+    print(f"{fault} under {recipe}: caught after {examples} example(s): {str(failure).splitlines()[0][-160:]}")
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
