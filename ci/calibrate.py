@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from fixtures import oracle
+from fixtures import oracle, systematic
 from fixtures.compare import compare
 from fixtures.dist.pool import close_all
 from fixtures.geometries import MODELS, fits, layer_pool, model_layer
@@ -35,6 +35,15 @@ def metrics(out: torch.Tensor, ref: torch.Tensor, term_mag: torch.Tensor, tol) -
     verdict = compare(out, ref, term_mag, tol)
     return {"rel_l2": 0.0, "cosine": 1.0, "row_rel_max": 0.0, "row_mag_max": 0.0, "band_units_max": 0.0,
             **verdict.metrics, "ok": verdict.ok}
+
+
+def systematic_stats(out: torch.Tensor, exp) -> dict:
+    """The systematic statistics (fixtures.systematic) with their standard errors: what calibrates the floors."""
+    stats = {"gain": systematic.gain(out, exp.ref), "bias": systematic.bias(out, exp.ref, exp.term_mag)}
+    experts = systematic.expert_gains(out, exp.terms, exp.ids)
+    if experts:
+        stats["worst_expert_gain"] = max(experts, key=lambda e: abs(e.value - 1))
+    return {k: [e.value, e.se] for k, e in stats.items() if e is not None}
 
 
 def main(argv=None) -> int:
@@ -63,11 +72,13 @@ def main(argv=None) -> int:
                 scenario = Scenario(layer, (BatchCase(tokens=tokens, seed=rng.randrange(2**31), method=method,
                                                       input_scale=rng.choice([1.0, 4.0])),), a.ep)
                 run = run_scenario(subject, scenario)
-                exp = oracle.expected(scenario, subject.recipe_for(scenario), oracle.oracle_device(subject))[0]
+                exp = oracle.expected(scenario, subject.recipe_for(scenario), oracle.oracle_device(subject),
+                                      with_terms=True)[0]
                 got = torch.cat(run.outputs[0])
                 row = {"layer": [layer.hidden, layer.intermediate, layer.num_experts, layer.top_k, layer.clamp_limit],
                        "tokens": sum(tokens), "method": method,
-                       **metrics(got, exp.ref, exp.term_mag, impl.capabilities.effective_tolerance)}
+                       **metrics(got, exp.ref, exp.term_mag, impl.capabilities.effective_tolerance),
+                       **systematic_stats(got, exp)}
                 batch = make_batch(layer, scenario.batches[0], a.ep)
                 if batch.topk_ids.numel() <= 2048:
                     tb = textbook_for_recipe(batch.hidden_states, batch.topk_ids, batch.topk_weights, w13, w2,
