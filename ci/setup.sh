@@ -32,4 +32,15 @@ if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
   "$venv/bin/python" -c "import torch, pytest, hypothesis, flashinfer" >&2
   touch "$stamp"
 fi
+# The other FlashInfer version the suite supports, in a small environment of its own: the CPU tier runs
+# the FlashInfer API tests against it too (suites/flashinfer/test_other_versions.py). "" skips it.
+for other in ${MOE_OTHER_FLASHINFER-0.7.2.post1}; do
+  env2="$root/.venv-fi-$other"
+  if [ ! -f "$env2/.moe-installed" ] || [ "$root/pyproject.toml" -nt "$env2/.moe-installed" ]; then
+    python3 -m venv "$env2" >&2
+    "$env2/bin/python" -m pip install -q "torch==2.13.0" 2>&1 | grep -v "is ignored" >&2 || true
+    "$env2/bin/python" -m pip install -q -e "$root[test]" "flashinfer-python==$other" 2>&1 | grep -v "is ignored" >&2 || true
+    "$env2/bin/python" -c "import torch, pytest, hypothesis, flashinfer" >&2 && touch "$env2/.moe-installed"
+  fi
+done
 echo "$venv/bin/python"

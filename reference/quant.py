@@ -242,3 +242,16 @@ def nvfp4_dequantize(packed: torch.Tensor, block_scales: torch.Tensor, global_sc
 
 def nvfp4_round_trip(x: torch.Tensor, *, global_scale=None) -> torch.Tensor:
     return nvfp4_dequantize(*nvfp4_quantize(x, global_scale=global_scale))
+
+
+def nvfp4_e4m3_operand_round_trip(x: torch.Tensor) -> torch.Tensor:
+    """NVFP4 with one global scale per matrix (the last two dims: one per expert and leg), then each
+    decoded value q*s (E2M1 code times its E4M3 block scale) rounded again to E4M3 as q*s/8, and scaled
+    back by 8/global: the weight operand of FlashInfer 0.7.4's SM90 FP8 x NVFP4 pull kernel, whose FP8
+    tensor cores see E4M3(q*s/8) and whose per-expert scale is 8*G (0.7.4 delta §2.3)."""
+    xf = x.float()
+    amax = xf.abs().amax(dim=(-2, -1), keepdim=True) if xf.dim() >= 2 else xf.abs().amax()
+    gs = torch.where(amax > 0, E2M1_MAX * FP8_MAX["e4m3"] / amax, torch.ones_like(amax))
+    packed, block_scales, _ = nvfp4_quantize(xf, global_scale=gs)
+    qs = e2m1_decode(unpack_fp4(packed)) * block_scales.float().repeat_interleave(NVFP4_BLOCK, dim=-1)
+    return saturating_cast(qs / 8, torch.float8_e4m3fn, FP8_MAX["e4m3"]).float() * 8 / gs

@@ -183,6 +183,34 @@ SM90_PUSH_CAKE_BF16 = Recipe(
     source="catalogue §3.3 (no FP8 anywhere; both g and u clamped to [-L, L]; per_route wire "
            "bf16(fp32(y)*w) summed in fp32)")
 
+# FlashInfer 0.7.4's three new Hopper pull kernels (0.7.4 delta §2.1-2.3). Unverified on hardware: the
+# tolerances are the FP8 pull kernel's, provisional until calibrated on the H200.
+_PROVISIONAL_074 = dataclasses.replace(
+    _FP8_KERNEL_TOL, textbook_rel_l2=0.5,
+    reason="provisional (FlashInfer 0.7.4, no H200 run yet): the FP8 pull kernel's bounds; textbook bound as "
+           "for the SM100 NVFP4 recipe (E2M1 weights: 0.18-0.21 from the fp64 textbook here, on CPU)")
+
+SM90_PULL_BF16 = Recipe(
+    name="sm90_pull_bf16", act=BF16, weight=NONE, w13_stripe=8, clamp_style="gate_upper",
+    placement="before_fc2_quant", act_out_bf16=True, combine_wire=BF16,
+    tolerance=dataclasses.replace(SM90_PUSH_CAKE_BF16.tolerance,
+                                  reason="provisional (FlashInfer 0.7.4, no H200 run yet): push_cake's bounds"),
+    source="0.7.4 delta §2.1 (BF16 x BF16, fp32 accumulation, w * SwiGLU rounded to bf16 before FC2, "
+           "bf16 per-slot terms summed in fp32)")
+
+SM90_PULL_FP8_MXFP4 = Recipe(
+    name="sm90_pull_fp8_mxfp4", act=Quant("fp8", per_token=True), weight=Quant("mx", fmt="mxfp4"), w13_stripe=8,
+    clamp_style="gate_upper", placement="before_fc2_quant", fc2_in=Quant("fp8", block=(1, 64)),
+    combine_wire=BF16, tolerance=_PROVISIONAL_074,
+    source="0.7.4 delta §2.2 (E4M3 activations, one fp32 scale per token; MXFP4 weights, the 'Humming' "
+           "per-expert residual scale not emulated; FC1 in the fast accumulator (1xacc); clamp default 10, "
+           "passed explicitly by the adapter; 1x64 E4M3 FC2 input; bf16 per-slot terms)")
+
+SM90_PULL_FP8_NVFP4 = SM90_PULL_FP8_MXFP4.with_(
+    name="sm90_pull_fp8_nvfp4", weight=Quant("nvfp4_e4m3"),
+    source="0.7.4 delta §2.3 (as sm90_pull_fp8_mxfp4, weights NVFP4 with one global scale per expert and leg, "
+           "each q*s re-rounded to E4M3 as q*s/8: reference.quant.nvfp4_e4m3_operand_round_trip)")
+
 SM100_NVFP4 = Recipe(
     name="sm100_nvfp4",
     act=Quant("nvfp4", global_scale=1.0), weight=Quant("nvfp4", global_scale=1.0), w13_stripe=16,
@@ -225,5 +253,6 @@ SM100_DEEPGEMM_FP8_FP4 = Recipe(
 
 KERNEL_RECIPES = {r.name: r for r in (
     SM90_PULL_FP8_BLOCKWISE, SM90_PULL_FP8_PER_TENSOR, SM90_PUSH_FP8, SM90_PUSH_CAKE_BF16,
-    SM100_NVFP4, SM100_MXFP8, SM100_BF16, SM100_DEEPGEMM_FP8_FP4)}
+    SM100_NVFP4, SM100_MXFP8, SM100_BF16, SM100_DEEPGEMM_FP8_FP4,
+    SM90_PULL_BF16, SM90_PULL_FP8_MXFP4, SM90_PULL_FP8_NVFP4)}
 ALL_RECIPES = {FP32_EXACT.name: FP32_EXACT, BF16_WEIGHTS.name: BF16_WEIGHTS, **KERNEL_RECIPES}

@@ -6,12 +6,12 @@ by hand, independently of the snapshot.
 """
 from __future__ import annotations
 
-import difflib
 import json
 
 import pytest
 import torch
 
+from ci import api_diff
 from ci.snapshot_flashinfer_api import snapshot, snapshot_path
 from fixtures import findings
 from fixtures.flashinfer.descriptors import DESCRIPTORS
@@ -19,18 +19,51 @@ from fixtures.flashinfer.descriptors import DESCRIPTORS
 pytestmark = [pytest.mark.api, pytest.mark.cpu]
 
 
+def surface_failure(live: dict, directory=None) -> str | None:
+    """None when the installed surface equals its pin; else what a reviewer needs: the readable diff
+    against its own pin or, for an unpinned version, against the nearest pinned one."""
+    version = live["flashinfer_version"]
+    kw = {} if directory is None else {"directory": directory}
+    path = (directory / f"api-{version}.json") if directory else snapshot_path(version)
+    if path.exists():
+        lines = api_diff.diff(json.loads(path.read_text()), live)
+        return ("FlashInfer's MegaMoE API differs from its pin " + str(path) + ":\n" + "\n".join(lines[:200])) \
+            if lines else None
+    near = api_diff.nearest_pinned(version, **kw)
+    if near is None:
+        return "no pinned API snapshot at all; run `python -m ci.snapshot_flashinfer_api --write`"
+    pinned = (directory / f"api-{near}.json") if directory else snapshot_path(near)
+    lines = api_diff.diff(json.loads(pinned.read_text()), live)
+    return (f"no pinned API snapshot for flashinfer-python {version}; against the nearest pin, {near}, "
+            f"{len(lines)} difference(s) (review, then `python -m ci.snapshot_flashinfer_api --write`):\n"
+            + "\n".join(lines[:200]))
+
+
 def test_public_surface_matches_the_pinned_snapshot():
-    live = snapshot()
-    path = snapshot_path(live["flashinfer_version"])
-    if not path.exists():
-        pytest.fail(f"no pinned API snapshot for flashinfer-python {live['flashinfer_version']}: review and "
-                    f"run `python -m ci.snapshot_flashinfer_api --write` ({path})")
-    pinned = json.loads(path.read_text())
-    if live != pinned:
-        diff = difflib.unified_diff(json.dumps(pinned, indent=1, sort_keys=True).splitlines(),
-                                    json.dumps(live, indent=1, sort_keys=True).splitlines(),
-                                    "pinned", "installed", lineterm="", n=2)
-        pytest.fail("FlashInfer's MegaMoE API changed:\n" + "\n".join(list(diff)[:200]))
+    failure = surface_failure(snapshot())
+    if failure:
+        pytest.fail(failure)
+
+
+def test_an_unpinned_version_is_shown_as_a_diff_against_the_nearest_pin(tmp_path):
+    """A synthetic 0.9.0 (one kernel added, one config default changed, one export gone, one field added)
+    against a directory holding only the 0.7.2.post1 pin: every change is named, section by section."""
+    pinned = json.loads(snapshot_path("0.7.2.post1").read_text())
+    (tmp_path / "api-0.7.2.post1.json").write_text(json.dumps(pinned))
+    live = json.loads(json.dumps(pinned))
+    live["flashinfer_version"] = "0.9.0"
+    live["mega_kernels"].append("sm90_fake_new_kernel")
+    live["exports"].remove("MoEEpLayer")
+    config = live["kernel_configs"]["Sm90_Fp8_Fp8_Bf16_PullCutedsl_MegaMoeConfig"]
+    config["fields"] = [[n, "2xacc" if n == "fp8_accum_mode" else d, i] for n, d, i in config["fields"]]
+    config["fields"].append(["new_knob", 3, True])
+    text = surface_failure(live, directory=tmp_path)
+    assert "no pinned API snapshot for flashinfer-python 0.9.0; against the nearest pin, 0.7.2.post1" in text
+    for line in ("kernel added: sm90_fake_new_kernel", "export removed: MoEEpLayer",
+                 "Sm90_Fp8_Fp8_Bf16_PullCutedsl_MegaMoeConfig: default changed: fp8_accum_mode: '1xacc' -> '2xacc'",
+                 "Sm90_Fp8_Fp8_Bf16_PullCutedsl_MegaMoeConfig: field added: new_knob (default 3)"):
+        assert line in text, text
+    assert surface_failure(pinned, directory=tmp_path) is None  # a pinned, unchanged surface passes
 
 
 def test_pull_config_defaults_match_the_catalogue():
@@ -125,15 +158,24 @@ def test_bare_kernel_config_is_refused_by_the_layer_factory():
 def test_layer_constructs_on_cpu_without_preprocessing(d):
     """catalogue §8: with preprocess_weights=False, 14 of 15 layers construct on CPU (rank-major needs W=8)."""
     import flashinfer.moe_ep as fi
+    if not d.cpu_constructible:
+        pytest.skip(f"{d.impl_name} needs a live GPU even to construct its layer (descriptor: {d.source})")
     cfg = getattr(fi, d.config_class)
-    kwargs = {} if d.exact_world_size else {"intermediate_size": 128, "top_k": 2}
-    pack = fi.MoEWeightPack(torch.zeros(8, 256, 256, dtype=torch.bfloat16), torch.zeros(8, 256, 128, dtype=torch.bfloat16))
+    inter, hidden = max(128, d.intermediate_multiple), max(256, d.hidden_multiple)
+    kwargs = {} if d.exact_world_size else {"intermediate_size": inter,
+                                            "top_k": min(d.top_k_values, key=lambda k: abs(k - 2))}
+    pack = fi.MoEWeightPack(torch.zeros(8, 2 * inter, hidden, dtype=torch.bfloat16),
+                            torch.zeros(8, hidden, inter, dtype=torch.bfloat16))
     backend = fi.MegaConfig(megakernel=cfg(**kwargs), preprocess_weights=False)
     boot = fi.BootstrapConfig(1, 0, auto_bootstrap=False)
     if d.exact_world_size:
-        with pytest.raises(fi.MoEEpConfigError, match=f"world_size={d.exact_world_size}"):
-            fi.MoEEpLayer(boot, fi.FleetParams(8, 16, 256), pack, backend=backend)
+        with pytest.raises(fi.MoEEpConfigError, match=rf"world[_ ]size[= ]{d.exact_world_size}"):
+            fi.MoEEpLayer(boot, fi.FleetParams(8, 16, hidden), pack, backend=backend)
         return
-    layer = fi.MoEEpLayer(boot, fi.FleetParams(8, 16, 256), pack, backend=backend)
+    if d.min_world_size > 1:  # one rank is refused, saying the range
+        with pytest.raises(Exception, match=rf"world size 1 outside {d.min_world_size}\.\."):
+            fi.MoEEpLayer(boot, fi.FleetParams(8, 16, hidden), pack, backend=backend)
+        return
+    layer = fi.MoEEpLayer(boot, fi.FleetParams(8, 16, hidden), pack, backend=backend)
     assert isinstance(layer, fi.MoEEpMegaLayer)
     layer.destroy()

@@ -242,3 +242,33 @@ def test_mx_round_trip_is_exact_on_grid(fmt, exponent):
     q, codes = mx.mx_quantize(x, fmt=fmt, exponent=exponent)
     assert codes.dtype == torch.uint8 and codes.shape == (4, 2)
     assert torch.equal(mx.mx_dequantize(q, codes, fmt=fmt), x)
+
+
+def test_nvfp4_e4m3_operand_rounds_q_times_s_over_8_to_e4m3():
+    """By hand: a block whose amax is 6 * 448 / gs * 1.375 has block scale 1.375 (exact in E4M3); its
+    largest code, 6, gives q*s = 8.25, and 8.25 / 8 = 1.03125 lies between the E4M3 neighbours 1.0 and
+    1.125: it rounds to 1.0, so the operand is 8.0 where plain NVFP4 keeps 8.25 (times 1/gs)."""
+    row = torch.zeros(1, 16)
+    row[0, 0] = 8.25
+    row[0, 1] = 0.6875  # q = 0.5 at s = 1.375: q*s/8 = 0.0859375, exact in E4M3 (1.375 * 2^-4)
+    big = torch.zeros(1, 16)
+    big[0, 0] = 448 * 6  # another row sets the matrix amax, so gs = 1 exactly
+    x = torch.cat((row, big))
+    plain = quant.nvfp4_round_trip(x, global_scale=1.0)
+    operand = quant.nvfp4_e4m3_operand_round_trip(x)
+    assert plain[0, 0].item() == 8.25 and operand[0, 0].item() == 8.0
+    assert operand[0, 1].item() == plain[0, 1].item() == 0.6875
+    # the matrix maximum itself: q = 6 at s = 448, q*s/8 = 336 is a tie between E4M3's 320 and 352 and
+    # rounds to even (320): the largest weight of every expert shrinks by 1/21 in this kernel's operand
+    assert plain[1, 0].item() == 2688.0 and operand[1, 0].item() == 2560.0
+
+
+def test_nvfp4_e4m3_operand_has_one_global_scale_per_matrix():
+    """Two experts of very different size each use their own range (not the larger one's)."""
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(2, 8, 32, generator=gen)
+    w[1] *= 1e-3
+    out = quant.nvfp4_e4m3_operand_round_trip(w)
+    for e in range(2):
+        assert torch.equal(out[e], quant.nvfp4_e4m3_operand_round_trip(w[e:e + 1])[0])
+    assert ((out[1] - w[1]).norm() / w[1].norm()).item() < 0.2  # the small expert is not flushed to zero
