@@ -1,0 +1,96 @@
+"""Compare two results folders of the suite (``--results-dir``): is NEW a regression of OLD?
+
+    python -m ci.compare_runs OLD NEW      # exit 0: no regression, 1: regression, 2: incomparable
+
+Declared rules, per (implementation, EP size) present in both runs:
+* a new failure: a (check, implementation, EP size) that failed in NEW and not in OLD (fixed ones are
+  listed too);
+* a shifted error distribution: the oracle's relative L2 per checked (batch, rank) is larger in NEW, by
+  a one-sided Mann-Whitney U test at p < 1e-3 *and* a median at least 1.5x OLD's (plus 1e-6): run-to-run
+  draws differ, a kernel that got worse moves the whole distribution;
+* a finding that appeared (reproduced in NEW, not in OLD) or vanished (the reverse).
+Incomparable: either folder has no per-case records, or the two share no (implementation, EP size).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from scipy.stats import mannwhitneyu
+
+from fixtures.results import case_records
+
+P_VALUE = 1e-3
+MEDIAN_RATIO = 1.5
+
+
+def _lines(folder: Path, kind: str) -> list[dict]:
+    return [json.loads(line) for f in sorted(folder.rglob(f"{kind}-*.jsonl"))
+            for line in f.read_text().splitlines() if line.strip()]
+
+
+def _errors(folder: Path) -> dict[tuple[str, int], list[float]]:
+    out = defaultdict(list)
+    for rec in case_records(folder):
+        out[(rec.impl, rec.ep)] += [m["rel_l2"] for m in rec.metrics if "rel_l2" in m]
+    return out
+
+
+def _failures(folder: Path) -> set[tuple[str, str, int]]:
+    return {(f["check"], f["impl"], f.get("ep", 0)) for f in _lines(folder, "failures")}
+
+
+def _findings(folder: Path) -> set[tuple[str, str]]:
+    return {(f["impl"], f["finding"]) for f in _lines(folder, "findings") if f.get("reproduced")}
+
+
+def compare(old: Path, new: Path) -> tuple[int, list[str]]:
+    """(exit code, report lines)."""
+    errors_old, errors_new = _errors(old), _errors(new)
+    if not errors_old or not errors_new:
+        return 2, [f"incomparable: no per-case records in {old if not errors_old else new}"]
+    common = sorted(errors_old.keys() & errors_new.keys())
+    if not common:
+        return 2, [f"incomparable: no (implementation, EP size) in both runs: {sorted(errors_old)} vs {sorted(errors_new)}"]
+    report, regressed = [], False
+    failed_old, failed_new = _failures(old), _failures(new)
+    for check, impl, ep in sorted(failed_new - failed_old):
+        report.append(f"REGRESSION new failure: [{check}] {impl} at EP{ep}")
+        regressed = True
+    report += [f"fixed: [{c}] {i} at EP{e}" for c, i, e in sorted(failed_old - failed_new)]
+    for key in common:
+        a, b = errors_old[key], errors_new[key]
+        if len(a) < 3 or len(b) < 3:
+            report.append(f"{key[0]} EP{key[1]}: too few checks to compare ({len(a)}, {len(b)})")
+            continue
+        p = mannwhitneyu(b, a, alternative="greater").pvalue
+        med_a, med_b = statistics.median(a), statistics.median(b)
+        shifted = p < P_VALUE and med_b > MEDIAN_RATIO * med_a + 1e-6
+        report.append(f"{'REGRESSION ' if shifted else ''}{key[0]} EP{key[1]}: rel-L2 median {med_a:.3g} -> {med_b:.3g}, "
+                      f"max {max(a):.3g} -> {max(b):.3g}, p = {p:.2g} ({len(a)} vs {len(b)} checks)")
+        regressed |= shifted
+    found_old, found_new = _findings(old), _findings(new)
+    for impl, key in sorted(found_new - found_old):
+        report.append(f"REGRESSION finding appeared: {key} on {impl}")
+        regressed = True
+    report += [f"finding vanished: {key} on {impl}" for impl, key in sorted(found_old - found_new)]
+    return (1 if regressed else 0), report
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("old", type=Path)
+    p.add_argument("new", type=Path)
+    a = p.parse_args(argv)
+    code, lines = compare(a.old, a.new)
+    print("\n".join(lines))
+    print({0: "verdict: no regression", 1: "verdict: REGRESSION", 2: "verdict: incomparable"}[code])
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
