@@ -9,7 +9,8 @@ Declared rules, per (implementation, EP size) present in both runs:
   a one-sided Mann-Whitney U test at p < 1e-3 *and* a median at least 1.5x OLD's (plus 1e-6): run-to-run
   draws differ, a kernel that got worse moves the whole distribution;
 * a finding that appeared (reproduced in NEW, not in OLD) or vanished (the reverse).
-Incomparable: either folder has no per-case records, or the two share no (implementation, EP size).
+Incomparable: either folder holds neither per-case records nor failures, or the two share no
+(implementation, EP size). A run whose every case failed is compared by its failures.
 """
 from __future__ import annotations
 
@@ -51,13 +52,16 @@ def _findings(folder: Path) -> set[tuple[str, str]]:
 def compare(old: Path, new: Path) -> tuple[int, list[str]]:
     """(exit code, report lines)."""
     errors_old, errors_new = _errors(old), _errors(new)
-    if not errors_old or not errors_new:
-        return 2, [f"incomparable: no per-case records in {old if not errors_old else new}"]
-    common = sorted(errors_old.keys() & errors_new.keys())
-    if not common:
-        return 2, [f"incomparable: no (implementation, EP size) in both runs: {sorted(errors_old)} vs {sorted(errors_new)}"]
-    report, regressed = [], False
     failed_old, failed_new = _failures(old), _failures(new)
+    # what each run tested: its passing cases' records and its failures (a case that fails writes no record)
+    seen_old = set(errors_old) | {(impl, ep) for _, impl, ep in failed_old}
+    seen_new = set(errors_new) | {(impl, ep) for _, impl, ep in failed_new}
+    if not seen_old or not seen_new:
+        return 2, [f"incomparable: no per-case records or failures in {old if not seen_old else new}"]
+    if not seen_old & seen_new:
+        return 2, [f"incomparable: no (implementation, EP size) in both runs: {sorted(seen_old)} vs {sorted(seen_new)}"]
+    common = sorted(errors_old.keys() & errors_new.keys())
+    report, regressed = [], False
     for check, impl, ep in sorted(failed_new - failed_old):
         report.append(f"REGRESSION new failure: [{check}] {impl} at EP{ep}")
         regressed = True

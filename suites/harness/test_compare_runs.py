@@ -79,3 +79,15 @@ def test_a_shifted_error_distribution_is_a_regression_and_noise_is_not(tmp_path)
     assert compare_runs.compare(clean, noise)[0] == 0
     code, lines = compare_runs.compare(clean, worse)
     assert code == 1 and any(line.startswith("REGRESSION k EP1: rel-L2 median") for line in lines), lines
+
+
+def test_a_run_whose_every_case_failed_is_a_regression_not_incomparable(tmp_path):
+    """A failing case writes no per-case record: a run that failed everywhere has failures only."""
+    import json
+
+    clean = _folder(tmp_path / "a", [0.005] * 5)
+    broken = tmp_path / "b"
+    broken.mkdir()
+    (broken / "failures-main.jsonl").write_text(json.dumps({"check": "oracle", "impl": "k", "ep": 1}) + "\n")
+    code, lines = compare_runs.compare(clean, broken)
+    assert code == 1 and "REGRESSION new failure: [oracle] k at EP1" in lines, lines
