@@ -1,6 +1,6 @@
 """The meta-suite: the generic checks must catch every deliberately faulty copy of reference-ep.
 
-Each fault runs the same generic checks the conformance suite runs (``run_generic_checks``), on
+Each fault runs the same generic checks the conformance suite runs (``run_checks``), on
 hypothesis-drawn scenarios, under the SM90 FP8 kernels' tolerance, and must turn red. The check that
 caught it is printed in the run's summary.
 """
@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ci import repro
 from fixtures import results
-from fixtures.checks import CHECKS, ConformanceFailure, run_checks, run_generic_checks
+from fixtures.checks import CHECKS, ConformanceFailure, run_checks
 from fixtures.impl import load
 from fixtures.impls.faulty import FAULTS
 from fixtures.strategies import scenarios
@@ -123,6 +123,6 @@ def test_reference_ep_itself_passes_the_same_search():
               phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def generic_checks(data, seed):
-        run_generic_checks(subject, data.draw(scenarios(subject.caps, META_EP)), seed)
+        run_checks(subject, data.draw(scenarios(subject.caps, META_EP)), seed)
 
     generic_checks()
