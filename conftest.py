@@ -66,22 +66,31 @@ def pytest_report_header(config):
     ]
 
 
-def _pool_order(item) -> tuple[int, str]:
+def _pool_order(item) -> tuple[int, str, str]:
+    """(EP size, rank pool, implementation): tests of one pool run together, EP1 first. Tests that run a
+    descriptor's kernel on its EP1 pool without the ``subject`` fixture (marker ``rank_pool``) join that pool."""
     callspec = getattr(item, "callspec", None)
-    subject = callspec.params.get("subject") if callspec else None
-    return (subject[2], subject[0]) if subject else (0, "")
+    params = callspec.params if callspec else {}
+    subject = params.get("subject")
+    if subject:
+        return subject[2], subject[1].capabilities.pool_tag or subject[0], subject[0]
+    d = params.get("d")
+    if d is not None and item.get_closest_marker("rank_pool"):
+        return 1, d.pool_tag, d.impl_name
+    return 0, "", ""
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks added here
 def pytest_collection_modifyitems(config, items):
-    # Every test of one (EP size, implementation) together: its rank pool and built layers stay warm
-    # instead of restarting whenever the next test names another backend (a pool per kernel). Under
-    # ``-n N --dist loadgroup`` (MOE_WORKERS=N bash ci/test.sh) each such group, and each module of other
-    # tests (module-scoped GPU layers), runs on one worker.
+    # Every test of one rank pool (EP size and kernel tree: FlashInfer's SM90 pull kernels share one) together,
+    # EP1 first: the pool and its compiled kernels stay warm instead of restarting whenever the next test names
+    # another backend, and larger EP sizes compare with EP1's results. Under ``-n N --dist loadgroup``
+    # (MOE_WORKERS=N bash ci/test.sh) each pool's tests, and each module of other tests (module-scoped GPU
+    # layers), run on one worker.
     items.sort(key=_pool_order)
     for item in items:
-        ep, spec = _pool_order(item)
-        item.add_marker(pytest.mark.xdist_group(f"{spec}@EP{ep}" if spec else item.module.__name__))
+        ep, pool, _ = _pool_order(item)
+        item.add_marker(pytest.mark.xdist_group(f"{pool}@EP{ep}" if pool else item.module.__name__))
     for item in items:
         for tag in arch.ARCH_MARKERS:
             if item.get_closest_marker(tag):

@@ -8,8 +8,8 @@
 #   calibrate  error distributions of each backend of $ARCH against its recipe (ci/calibrate.py)
 #   parallel   concurrent jobs sharing the GPU, one "name|pytest arguments" (or "name|python3 -m ...") a
 #              line in $PAR_JOBS; PAR_TIMEOUT bounds each; a line per job last
-#   jit        pack the FlashInfer JIT cache for the next fresh host (.gpu/jit/fi-jit.tgz is restored by
-#              ci/setup.sh)
+#   jit        pack the JIT caches for the next fresh host: FlashInfer's (~/.cache/flashinfer) and the CuTe
+#              DSL's compiled kernels (cutlass_python_cache); .gpu/jit/fi-jit.tgz is restored by ci/setup.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 test -f ~/gpu-env.sh || { echo FRESH-HOST; exit 3; }
@@ -66,7 +66,9 @@ for phase in "$@"; do
     wait
     cat "$out/parallel.log" ;;
   jit)
-    tar czf "$out/fi-jit.tgz" -C ~/.cache flashinfer && ls -la "$out/fi-jit.tgz" ;;
+    cute="${CUTE_DSL_CACHE_DIR:-${TMPDIR:-/tmp}/$(id -un)/cutlass_python_cache}"
+    extra=(); [ -d "$cute" ] && extra=(-C "$(dirname "$cute")" "$(basename "$cute")")
+    tar czf "$out/fi-jit.tgz" -C ~/.cache flashinfer "${extra[@]}" && ls -la "$out/fi-jit.tgz" ;;
   *) echo "unknown phase $phase"; exit 2 ;;
   esac
 done

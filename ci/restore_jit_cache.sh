@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Restore a packed FlashInfer JIT cache so that ninja does not rebuild it on a fresh host.
 #   ci/restore_jit_cache.sh TARBALL CACHE_PARENT SITE_DIR...
-# TARBALL: `tar czf fi-jit.tgz -C ~/.cache flashinfer` from an earlier host; CACHE_PARENT: ~/.cache;
+# TARBALL: `tar czf fi-jit.tgz -C ~/.cache flashinfer` from an earlier host (ci/gpu_validate.sh jit), with the
+# CuTe DSL's file cache of compiled kernels beside it (cutlass_python_cache/: restored where the DSL looks,
+# $CUTE_DSL_CACHE_DIR or ${TMPDIR:-/tmp}/$USER/cutlass_python_cache); CACHE_PARENT: ~/.cache;
 # SITE_DIR: where the wheels were just installed (their headers and sources are the modules' inputs).
 # Ninja (>= 1.10) rebuilds an output when an input is newer than the output's mtime recorded in
 # .ninja_log, and when the output is newer than its .ninja_deps entry. So the outputs keep their packed
@@ -9,7 +11,12 @@
 # per module: "no work to do" or ninja's reason for a rebuild.
 set -uo pipefail
 tarball=$1 cache=$2; shift 2
-mkdir -p "$cache" && tar xzf "$tarball" -C "$cache" || exit 1
+mkdir -p "$cache" && tar xzf "$tarball" -C "$cache" --exclude 'cutlass_python_cache*' || exit 1
+if tar tzf "$tarball" | grep -q '^cutlass_python_cache/'; then
+  cute="${CUTE_DSL_CACHE_DIR:-${TMPDIR:-/tmp}/$(id -un)/cutlass_python_cache}"
+  mkdir -p "$cute" && tar xzf "$tarball" -C "$cute" --strip-components=1 cutlass_python_cache \
+    && echo "restored the CuTe DSL kernel cache into $cute ($(ls "$cute" | wc -l) entries)"
+fi
 for site in "$@"; do find "$site" -exec touch -h -d @946684800 {} +; done
 for d in "$cache"/flashinfer/*/*/cached_ops/*/; do
   [ -f "$d/build.ninja" ] || continue

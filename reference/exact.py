@@ -71,11 +71,16 @@ def _fp32_decided(value: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
     return (radius == 0) | ((value - (f + down) / 2 > clear) & ((f + up) / 2 - value > clear))
 
 
+SPARSE_BELOW = 0.05  # the share of nonzero low parts under which a sparse product beats a dense fp64 GEMM on a CPU
+
+
 def _times_sparse(a64: torch.Tensor, b_lo: torch.Tensor, b_lo_max: torch.Tensor) -> torch.Tensor:
-    """``a64 @ b_lo^T`` in fp64, where ``b_lo`` (the low part of the weights' split) is mostly zero."""
+    """``a64 @ b_lo^T`` in fp64, where ``b_lo`` is the low part of the weights' split: mostly zero for bf16 or
+    fp8 weights, dense for weights that carry fp32 block scales (q * s has up to 28 significant bits)."""
     if not bool(b_lo_max.any()):
         return torch.zeros(a64.shape[0], b_lo.shape[0], dtype=torch.float64, device=a64.device)
-    if b_lo.device.type != "cpu":  # sparse products on CUDA are no faster than dense ones here
+    # sparse products on CUDA are no faster than dense ones; on a CPU only when few elements are left
+    if b_lo.device.type != "cpu" or int(torch.count_nonzero(b_lo)) > SPARSE_BELOW * b_lo.numel():
         return a64 @ b_lo.double().t()
     return torch.sparse.mm(b_lo.to_sparse().double(), a64.t()).t()
 

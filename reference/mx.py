@@ -89,6 +89,34 @@ def mx_dequantize(q: torch.Tensor, scale_codes: torch.Tensor, *, fmt: str = "mxf
     return values * e8m0_to_float(scale_codes).repeat_interleave(MX_BLOCK, dim=-1)
 
 
-def mx_round_trip(x: torch.Tensor, *, fmt: str = "mxfp8_e4m3", exponent: str = "ceil") -> torch.Tensor:
+def mx_round_trip(x: torch.Tensor, *, fmt: str = "mxfp8_e4m3", exponent: str = "ceil",
+                  humming_max_range: int | None = None) -> torch.Tensor:
+    """Quantize then dequantize; ``humming_max_range`` (MXFP4 only) adds :func:`humming_rewrite`."""
     q, codes = mx_quantize(x, fmt=fmt, exponent=exponent)
+    if humming_max_range is not None:
+        if fmt != "mxfp4":
+            raise ValueError(f"the Humming rewrite applies to MXFP4 weights, not {fmt}")
+        q, codes = humming_rewrite(q, codes, max_range=humming_max_range)
     return mx_dequantize(q, codes, fmt=fmt)
+
+
+def humming_rewrite(packed: torch.Tensor, scale_codes: torch.Tensor, *, max_range: int = 11):
+    """The lossy step of FlashInfer 0.7.4's SM90 FP8 x MXFP4 weight preprocessing (adapted from Humming;
+    0.7.4 delta §2.2 item 5), per matrix (the last two dims: one expert's leg).
+
+    The kernel keeps each block's exponent as a small offset above the matrix's floor
+    ``smin' = smax - min(smax - smin, max_range)`` (smax, smin: the largest and smallest E8M0 code of
+    the matrix). A block whose code lies below the floor is raised to it, and its E2M1 values v become
+    RN(v * 2^-delta) on the E2M1 grid, ties away from zero (delta = floor - code). Every other block
+    is unchanged (a -0 code becomes +0: the same value). Returns ``(packed, scale_codes)`` rewritten."""
+    codes = scale_codes.to(torch.int32)
+    smax = codes.amax(dim=(-2, -1), keepdim=True)
+    smin = codes.amin(dim=(-2, -1), keepdim=True)
+    floor = smax - (smax - smin).clamp_max(max_range)
+    delta = (floor - codes).clamp_min(0).repeat_interleave(MX_BLOCK, dim=-1)
+    values = e2m1_decode(unpack_fp4(packed))
+    rewritten = e2m1_encode(values * pow2(-delta), ties="away")
+    kept = e2m1_encode(values)  # the same code (E2M1 values encode to themselves), -0 as +0 below
+    out = torch.where(delta > 0, rewritten, kept)
+    out = torch.where(out == 8, torch.zeros_like(out), out)
+    return pack_fp4(out), torch.maximum(codes, floor).to(torch.uint8)

@@ -18,11 +18,13 @@ class Quant:
     * ``none``  - exact fp32 pass-through; ``bf16`` - round to bf16;
     * ``fp8``   - ``fmt`` e4m3/e5m2, ``block`` None (per tensor) / (1, G) / (R, C), ``scale`` fp32/ue8m0;
       ``static_scale`` fixes a per-tensor dequant scale instead of deriving it from amax; ``per_token``: one
-      scale per row over the whole last dim (block (1, K) for any K);
+      scale per row over the whole last dim (block (1, K) for any K); ``scale_recip``: scale = amax *
+      RN(1/fmax); ``apply_recip``: q = x * RN(1/scale) (kernels that multiply by reciprocals);
     * ``nvfp4`` - 16-element E2M1 blocks with E4M3 scales, ``global_scale`` (None: 448*6/amax);
     * ``nvfp4_e4m3`` - NVFP4 with a global scale per matrix, each q*s re-rounded to E4M3 as q*s/8
       (quant.nvfp4_e4m3_operand_round_trip: FlashInfer 0.7.4's SM90 FP8 x NVFP4 weight operand);
-    * ``mx``    - ``fmt`` mxfp8_e4m3/mxfp8_e5m2/mxfp4, 32-element blocks, E8M0 ``exponent`` ceil/floor.
+    * ``mx``    - ``fmt`` mxfp8_e4m3/mxfp8_e5m2/mxfp4, 32-element blocks, E8M0 ``exponent`` ceil/floor;
+      ``humming_max_range`` (MXFP4): mx.humming_rewrite per matrix (FlashInfer 0.7.4's SM90 W4A8 weights).
     """
 
     kind: str = "none"
@@ -33,6 +35,9 @@ class Quant:
     global_scale: float | None = None
     exponent: str = "ceil"
     per_token: bool = False
+    scale_recip: bool = False
+    apply_recip: bool = False
+    humming_max_range: int | None = None
 
     def __post_init__(self):
         if self.kind not in QUANT_KINDS:
@@ -50,12 +55,13 @@ class Quant:
                 q = quant.saturating_cast(x.float() / self.static_scale, quant.FP8_DTYPES[self.fmt], fmax)
                 return q.float() * self.static_scale
             block = (1, x.shape[-1]) if self.per_token else self.block
-            return quant.fp8_round_trip(x, fmt=self.fmt, block=block, scale=self.scale)
+            return quant.fp8_round_trip(x, fmt=self.fmt, block=block, scale=self.scale, scale_recip=self.scale_recip,
+                                        apply_recip=self.apply_recip)
         if self.kind == "nvfp4_e4m3":
             return quant.nvfp4_e4m3_operand_round_trip(x)
         if self.kind == "nvfp4":
             return quant.nvfp4_round_trip(x, global_scale=self.global_scale)
-        return mx.mx_round_trip(x, fmt=self.fmt, exponent=self.exponent)
+        return mx.mx_round_trip(x, fmt=self.fmt, exponent=self.exponent, humming_max_range=self.humming_max_range)
 
 
 NONE = Quant("none")

@@ -109,26 +109,31 @@ def expand_block_scales(scales: torch.Tensor, block: tuple[int, int], shape: tor
 # FP8
 
 
-def fp8_scales_from_amax(amax: torch.Tensor, fmax: float, scale: str) -> torch.Tensor:
-    """Scale per block: amax / fmax (fp32) or its power of two rounded up (ue8m0); 1 for amax == 0."""
+def fp8_scales_from_amax(amax: torch.Tensor, fmax: float, scale: str, recip: bool = False) -> torch.Tensor:
+    """Scale per block: amax / fmax (fp32; ``recip``: amax * RN(1/fmax), one rounding of the reciprocal
+    first, as kernels that multiply do) or its power of two rounded up (ue8m0); 1 for amax == 0."""
     if scale not in ("fp32", "ue8m0"):
         raise ValueError(f"scale must be 'fp32' or 'ue8m0', got {scale!r}")
     amax = amax.float()
     nonzero = amax > 0
-    ratio = torch.where(nonzero, amax / fmax, torch.ones_like(amax))
+    ratio = amax * torch.tensor(1.0 / fmax, dtype=torch.float32) if recip else amax / fmax
+    ratio = torch.where(nonzero, ratio, torch.ones_like(amax))
     if scale == "ue8m0":
         ratio = pow2(exact_log2_ceil(ratio).clamp(-E8M0_BIAS, E8M0_BIAS))
     return ratio
 
 
 def fp8_quantize(
-    x: torch.Tensor, *, fmt: str = "e4m3", block=None, scale: str = "fp32"
+    x: torch.Tensor, *, fmt: str = "e4m3", block=None, scale: str = "fp32", scale_recip: bool = False,
+    apply_recip: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize to FP8. Returns ``(q, scales)`` with ``x ~= q.float() * scales`` (per element).
 
     ``block=None``: one scale for the whole tensor (0-d fp32). ``block=(1, G)``: one scale per G
     consecutive elements of the last dim. ``block=(R, C)`` with R > 1: one scale per R x C tile of the
-    last two dims. Partial blocks at the edges are allowed.
+    last two dims. Partial blocks at the edges are allowed. ``scale_recip``: scale = amax * RN(1/fmax);
+    ``apply_recip``: q = x * RN(1/scale) instead of x / scale (each one more fp32 rounding, as a kernel
+    that multiplies by reciprocals does).
     """
     _check_fmt(fmt)
     fmax, dtype = FP8_MAX[fmt], FP8_DTYPES[fmt]
@@ -136,11 +141,12 @@ def fp8_quantize(
     xf = x.float()
     if blk is None:
         amax = xf.abs().amax() if xf.numel() else torch.zeros((), device=x.device)
-        scales = fp8_scales_from_amax(amax, fmax, scale)
-        return saturating_cast(xf / scales, dtype, fmax), scales
-    scales = fp8_scales_from_amax(block_amax(xf, blk), fmax, scale)
-    q = saturating_cast(xf / expand_block_scales(scales, blk, xf.shape), dtype, fmax)
-    return q, scales
+        scales = fp8_scales_from_amax(amax, fmax, scale, scale_recip)
+        expanded = scales
+    else:
+        scales = fp8_scales_from_amax(block_amax(xf, blk), fmax, scale, scale_recip)
+        expanded = expand_block_scales(scales, blk, xf.shape)
+    return saturating_cast(xf * (1.0 / expanded) if apply_recip else xf / expanded, dtype, fmax), scales
 
 
 def fp8_dequantize(q: torch.Tensor, scales: torch.Tensor, *, block=None) -> torch.Tensor:
@@ -151,9 +157,10 @@ def fp8_dequantize(q: torch.Tensor, scales: torch.Tensor, *, block=None) -> torc
     return q.float() * expand_block_scales(scales.float(), blk, q.shape)
 
 
-def fp8_round_trip(x: torch.Tensor, *, fmt: str = "e4m3", block=None, scale: str = "fp32") -> torch.Tensor:
+def fp8_round_trip(x: torch.Tensor, *, fmt: str = "e4m3", block=None, scale: str = "fp32", scale_recip: bool = False,
+                   apply_recip: bool = False) -> torch.Tensor:
     """Quantize then dequantize: the value an FP8 wire delivers, in fp32."""
-    q, s = fp8_quantize(x, fmt=fmt, block=block, scale=scale)
+    q, s = fp8_quantize(x, fmt=fmt, block=block, scale=scale, scale_recip=scale_recip, apply_recip=apply_recip)
     return fp8_dequantize(q, s, block=block)
 
 
@@ -165,18 +172,22 @@ def _e2m1_table(device) -> torch.Tensor:
     return torch.tensor(E2M1_VALUES, dtype=torch.float32, device=device)
 
 
-def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
-    """fp32 -> 4-bit E2M1 codes (uint8 0..15, bit 3 = sign), RTNE, saturating at +-6."""
+def e2m1_encode(x: torch.Tensor, ties: str = "even") -> torch.Tensor:
+    """fp32 -> 4-bit E2M1 codes (uint8 0..15, bit 3 = sign), round to nearest with ties to ``even``
+    (RTNE) or ``away`` from zero, saturating at +-6."""
     x = x.float()
     if torch.isnan(x).any():
         raise ValueError("E2M1 has no NaN: the input contains NaN")
+    if ties not in ("even", "away"):
+        raise ValueError(f"ties must be 'even' or 'away', got {ties!r}")
     grid = _e2m1_table(x.device)
     midpoints = (grid[1:] + grid[:-1]) / 2  # exact in fp32
     mag = x.abs()
-    idx = torch.bucketize(mag, midpoints, right=False)  # number of midpoints strictly below mag
-    # On an exact midpoint bucketize rounds down to the lower code; RTNE wants the even code.
-    on_mid = (idx < midpoints.numel()) & (mag == midpoints[idx.clamp_max(midpoints.numel() - 1)])
-    idx = torch.where(on_mid & (idx % 2 == 1), idx + 1, idx)
+    # right=True counts the midpoints <= mag: an exact midpoint goes up (away from zero)
+    idx = torch.bucketize(mag, midpoints, right=ties == "away")
+    if ties == "even":  # bucketize put an exact midpoint on the lower code; RTNE wants the even one
+        on_mid = (idx < midpoints.numel()) & (mag == midpoints[idx.clamp_max(midpoints.numel() - 1)])
+        idx = torch.where(on_mid & (idx % 2 == 1), idx + 1, idx)
     sign = torch.signbit(x).to(torch.uint8) << 3
     return idx.to(torch.uint8) | sign
 
@@ -244,14 +255,32 @@ def nvfp4_round_trip(x: torch.Tensor, *, global_scale=None) -> torch.Tensor:
     return nvfp4_dequantize(*nvfp4_quantize(x, global_scale=global_scale))
 
 
-def nvfp4_e4m3_operand_round_trip(x: torch.Tensor) -> torch.Tensor:
-    """NVFP4 with one global scale per matrix (the last two dims: one per expert and leg), then each
-    decoded value q*s (E2M1 code times its E4M3 block scale) rounded again to E4M3 as q*s/8, and scaled
-    back by 8/global: the weight operand of FlashInfer 0.7.4's SM90 FP8 x NVFP4 pull kernel, whose FP8
-    tensor cores see E4M3(q*s/8) and whose per-expert scale is 8*G (0.7.4 delta §2.3)."""
+def nvfp4_weight_pack(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """NVFP4 weights with one fp32 global *dequant multiplier* G per matrix (the last two dims: one per
+    expert and leg), the convention of FlashInfer 0.7.4's ``Nvfp4WeightPack`` (decoded = G * q * s):
+    G = amax / (6 * 448) (1 for an all-zero matrix), block scale s = E4M3(amax16 / (6 * G)) per 16
+    elements, codes q = RTNE E2M1 of x / (s * G) (0 where s is 0).
+
+    Returns ``(packed uint8 [..., K/2], block scales float8_e4m3fn [..., K/16], G fp32 [...])``: exactly
+    what the adapter hands the kernel and what :func:`nvfp4_e4m3_operand_round_trip` decodes."""
+    if x.shape[-1] % NVFP4_BLOCK or x.dim() < 2:
+        raise ValueError(f"NVFP4 weights need [..., M, K] with K a multiple of {NVFP4_BLOCK}, got {tuple(x.shape)}")
     xf = x.float()
-    amax = xf.abs().amax(dim=(-2, -1), keepdim=True) if xf.dim() >= 2 else xf.abs().amax()
-    gs = torch.where(amax > 0, E2M1_MAX * FP8_MAX["e4m3"] / amax, torch.ones_like(amax))
-    packed, block_scales, _ = nvfp4_quantize(xf, global_scale=gs)
+    amax = xf.abs().amax(dim=(-2, -1))
+    g = torch.where(amax > 0, amax / (E2M1_MAX * FP8_MAX["e4m3"]), torch.ones_like(amax))
+    g_ = g[..., None, None]
+    block_scales = saturating_cast(block_amax(xf, (1, NVFP4_BLOCK)) / (E2M1_MAX * g_), torch.float8_e4m3fn,
+                                   FP8_MAX["e4m3"])
+    step = (block_scales.float() * g_).repeat_interleave(NVFP4_BLOCK, dim=-1)
+    scaled = torch.where(step > 0, xf / torch.where(step > 0, step, torch.ones_like(step)), torch.zeros_like(xf))
+    return pack_fp4(e2m1_encode(scaled)), block_scales, g
+
+
+def nvfp4_e4m3_operand_round_trip(x: torch.Tensor) -> torch.Tensor:
+    """The weight operand of FlashInfer 0.7.4's SM90 FP8 x NVFP4 pull kernel for weights packed by
+    :func:`nvfp4_weight_pack`: its FP8 tensor cores see E4M3(q*s/8) (q the E2M1 value, s its E4M3 block
+    scale), and its per-expert output scale is 8*G (0.7.4 delta §2.3). So each decoded q*s is rounded
+    once more, to E4M3 after a division by 8, and scaled by 8*G."""
+    packed, block_scales, g = nvfp4_weight_pack(x)
     qs = e2m1_decode(unpack_fp4(packed)) * block_scales.float().repeat_interleave(NVFP4_BLOCK, dim=-1)
-    return saturating_cast(qs / 8, torch.float8_e4m3fn, FP8_MAX["e4m3"]).float() * 8 / gs
+    return saturating_cast(qs / 8, torch.float8_e4m3fn, FP8_MAX["e4m3"]).float() * (8 * g)[..., None, None]

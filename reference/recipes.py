@@ -199,17 +199,25 @@ SM90_PULL_BF16 = Recipe(
            "bf16 per-slot terms summed in fp32)")
 
 SM90_PULL_FP8_MXFP4 = Recipe(
-    name="sm90_pull_fp8_mxfp4", act=Quant("fp8", per_token=True), weight=Quant("mx", fmt="mxfp4"), w13_stripe=8,
-    clamp_style="gate_upper", placement="before_fc2_quant", fc2_in=Quant("fp8", block=(1, 64)),
+    name="sm90_pull_fp8_mxfp4",
+    act=Quant("fp8", per_token=True, scale_recip=True),
+    weight=Quant("mx", fmt="mxfp4", exponent="ceil", humming_max_range=11), w13_stripe=8,
+    clamp_style="gate_upper", placement="before_fc2_quant",
+    fc2_in=Quant("fp8", block=(1, 64), scale_recip=True, apply_recip=True),
     combine_wire=BF16, tolerance=_PROVISIONAL_074,
-    source="0.7.4 delta §2.2 (E4M3 activations, one fp32 scale per token; MXFP4 weights, the 'Humming' "
-           "per-expert residual scale not emulated; FC1 in the fast accumulator (1xacc); clamp default 10, "
-           "passed explicitly by the adapter; 1x64 E4M3 FC2 input; bf16 per-slot terms)")
+    source="0.7.4 delta §2.2: E4M3 activations with one fp32 scale per token, d = amax * RN(1/448), q = x / d "
+           "(safe_quantize.py); MXFP4 weights as the adapter packs them (reference.mx.mx_quantize, exponent "
+           "rounded up) after the Humming rewrite (blocks more than 11 binades below the expert maximum, "
+           "reference.mx.humming_rewrite); FC1 over the whole K in the fast accumulator (1xacc, not emulated); "
+           "clamp default 10, passed explicitly by the adapter; w * SwiGLU, then 1x64 E4M3 with s = amax * "
+           "RN(1/448), q = x * RN(1/s); bf16 per-slot terms summed in fp32")
 
 SM90_PULL_FP8_NVFP4 = SM90_PULL_FP8_MXFP4.with_(
     name="sm90_pull_fp8_nvfp4", weight=Quant("nvfp4_e4m3"),
-    source="0.7.4 delta §2.3 (as sm90_pull_fp8_mxfp4, weights NVFP4 with one global scale per expert and leg, "
-           "each q*s re-rounded to E4M3 as q*s/8: reference.quant.nvfp4_e4m3_operand_round_trip)")
+    source="0.7.4 delta §2.3: as sm90_pull_fp8_mxfp4, the weights NVFP4 as the adapter packs them "
+           "(reference.quant.nvfp4_weight_pack: E2M1, E4M3 scales per 16, one fp32 dequant multiplier G per "
+           "expert and leg), each q*s re-rounded to E4M3 as q*s/8 and scaled by 8G "
+           "(reference.quant.nvfp4_e4m3_operand_round_trip)")
 
 SM100_NVFP4 = Recipe(
     name="sm100_nvfp4",

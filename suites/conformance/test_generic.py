@@ -8,13 +8,15 @@ import dataclasses
 import time
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fixtures import results
 from fixtures.checks import CHECKS, ConformanceFailure, check_oracle, check_textbook
 from fixtures.findings import expect_finding
-from fixtures.geometries import MODELS, fits, fixed_layer, layer_pool, model_layer
+from fixtures.geometries import MODELS, fits, layer_pool, model_layer, tile_layer, wide_layer
+from fixtures.selection import ENV_MODEL_EP, model_ep_sizes
 from fixtures.problem import PATTERN_TABLE, PATTERNS, BatchCase, LayerCase, Scenario, pattern_skip
 from fixtures.strategies import batch_cases, masked_pattern, scenarios
 
@@ -56,15 +58,10 @@ def test_check(subject, check, data, seed):
 _CHECKED_ON_CPU: set[str] = set()  # model-geometry tests of CPU subjects that have checked their batch
 
 
-def _fixed_layer(subject, clamp=None) -> LayerCase:
-    top_k = max(k for k in subject.caps.top_k_values if k <= 4)
-    return fixed_layer(subject.caps, hidden=128, intermediate=64, top_k=top_k, clamp_limit=clamp, weight_seed=1234,
-                       num_experts=subject.ep_size * max(2, -(-top_k // subject.ep_size)))
-
-
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_adversarial_pattern(subject, pattern):
-    """Each adversarial input once, deterministically, whatever hypothesis happens to draw."""
+    """Each adversarial input once, deterministically, whatever hypothesis happens to draw (on the wide
+    layer: 16 experts and the most routes a token, so cross-rank and masked patterns reach every rank)."""
     methods = PATTERN_TABLE[pattern].methods
     method = methods[0] if methods else "Renormalize"
     why = pattern_skip(pattern, subject.ep_size, method, subject.caps.supports_masked_ids)
@@ -73,15 +70,43 @@ def test_adversarial_pattern(subject, pattern):
         pytest.skip(f"{subject.spec}: {why}" + (known if PATTERN_TABLE[pattern].masks else ""))
     tokens = tuple(min(subject.caps.max_tokens_per_rank, 5 + 3 * r) for r in range(subject.ep_size))
     batch = BatchCase(tokens=tokens, seed=99, method=method, pattern=pattern, bias_scale=1.0 if method == "DeepSeekV3" else 0.0)
-    check_oracle(subject, Scenario(_fixed_layer(subject), (batch,), subject.ep_size, (pattern,)))
+    layer = dataclasses.replace(wide_layer(subject.caps, subject.ep_size), weight_seed=1234)
+    check_oracle(subject, Scenario(layer, (batch,), subject.ep_size, (pattern,)))
+
+
+CLAMP_INPUT_SCALE = 8.0  # FC1 outputs of about this size: the wide layer's clamp of 7 cuts a good share of them
+MIN_CLAMPED = 0.05
+
+
+def clamped_share(layer: LayerCase, batch: BatchCase, ep_size: int, style: str) -> float:
+    """The share of the routed gate and up values (FC1 outputs, before the clamp) that the layer's clamp cuts,
+    from the bf16 weights: up beyond +-L, gate above L (and below -L for a symmetric clamp)."""
+    from fixtures.problem import make_batch, make_weights
+
+    b = make_batch(layer, batch, ep_size)
+    w13, _ = make_weights(layer)
+    h = torch.einsum("th,eih->tei", b.hidden_states.float(), w13.float())  # [T, E, 2I]: every expert, once
+    live = b.topk_ids >= 0
+    routed = h[torch.arange(h.shape[0])[:, None].expand_as(b.topk_ids)[live], b.topk_ids[live]]
+    if not routed.numel():
+        return 0.0
+    limit, inter = layer.clamp_limit, layer.intermediate
+    gate, up = routed[:, :inter], routed[:, inter:]
+    cut = (gate > limit) | ((gate < -limit) if style == "symmetric" else torch.zeros_like(gate, dtype=torch.bool))
+    return float((cut.sum() + (up.abs() > limit).sum()) / routed.numel())
 
 
 def test_clamp_is_applied(subject):
+    """The wide layer's clamp, with inputs that make it cut: a kernel that drops or misplaces the clamp
+    fails the oracle. The share of clamped values is asserted first, so the test cannot pass vacuously."""
     if not subject.caps.recipe.clamp_supported:
         pytest.skip(f"{subject.spec} has no clamp (recipe {subject.caps.recipe.name})")
+    layer = wide_layer(subject.caps, subject.ep_size)
     tokens = tuple(min(subject.caps.max_tokens_per_rank, 8) for _ in range(subject.ep_size))
-    batch = BatchCase(tokens=tokens, seed=5, input_scale=4.0)
-    check_oracle(subject, Scenario(_fixed_layer(subject, clamp=0.5), (batch,), subject.ep_size, ("clamp-active",)))
+    batch = BatchCase(tokens=tokens, seed=5, input_scale=CLAMP_INPUT_SCALE)
+    share = clamped_share(layer, batch, subject.ep_size, subject.caps.recipe.clamp_style)
+    assert share >= MIN_CLAMPED, f"the clamp test's inputs clamp only {share:.1%} of the gate/up values"
+    check_oracle(subject, Scenario(layer, (batch,), subject.ep_size, ("clamp-active", f"{share:.0%} clamped")))
 
 
 def test_idle_step_then_busy_then_smaller(subject):
@@ -92,7 +117,8 @@ def test_idle_step_then_busy_then_smaller(subject):
     smaller = BatchCase(tokens=tuple(max(1, cap // (r + 2)) for r in range(subject.ep_size)), seed=3,
                         pattern=masked_pattern(subject.caps))
     uneven = dataclasses.replace(busy, tokens=tuple(0 if r % 2 else cap for r in range(subject.ep_size)), seed=4)
-    check_oracle(subject, Scenario(_fixed_layer(subject), (idle, busy, smaller, uneven), subject.ep_size, ("sequence",)))
+    layer = dataclasses.replace(tile_layer(subject.caps, subject.ep_size), weight_seed=1234)
+    check_oracle(subject, Scenario(layer, (idle, busy, smaller, uneven), subject.ep_size, ("sequence",)))
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
@@ -105,6 +131,11 @@ def test_model_geometry(subject, model, data, request):
     why = fits(model, subject.caps)
     if why:
         pytest.skip(f"{subject.spec} cannot run {model.name}: {why}")
+    sizes = model_ep_sizes()
+    if sizes is not None and subject.ep_size not in sizes:
+        pytest.skip(f"model geometries run at EP {sorted(sizes)} ({ENV_MODEL_EP}; every EP size under the nightly "
+                    f"profile): their GEMM shapes do not change with the EP size, the subject's own layers test EP"
+                    f"{subject.ep_size}")
     beyond = subject.caps.beyond_accumulation_limit(model.hidden, model.intermediate)
     if beyond:
         pytest.skip(f"{subject.spec} is not held to its recipe at {model.name} ({beyond}); "
@@ -135,6 +166,9 @@ def test_accumulation_limit(subject):
     limit = subject.caps.accumulation_limit
     if limit is None:
         pytest.skip(f"{subject.spec} declares no accumulation limit: every model geometry is held to its recipe")
+    sizes = model_ep_sizes()
+    if sizes is not None and subject.ep_size not in sizes:
+        pytest.skip(f"the accumulation limit is held at EP {sorted(sizes)}, as the model geometries ({ENV_MODEL_EP})")
     model = next((m for m in MODELS if max(m.hidden, m.intermediate) > limit[0] and not fits(m, subject.caps)), None)
     if model is None:
         pytest.skip(f"no model geometry beyond reduction length {limit[0]} fits {subject.spec}")

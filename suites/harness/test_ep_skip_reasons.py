@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fixtures import arch
+from fixtures.flashinfer import prerequisites
 from fixtures.impl import load, registered_names
 from fixtures.selection import ep_skip_reason
 
@@ -19,8 +20,9 @@ def _sm90():
 
 @pytest.fixture
 def gpus(monkeypatch):
-    def set_count(n: int):
+    def set_count(n: int, built: bool = True):
         monkeypatch.setattr(arch, "capabilities", lambda: ((9, 0),) * n)
+        monkeypatch.setattr(prerequisites, "is_built", lambda name: built)  # FlashInfer's JIT cache, faked too
     return set_count
 
 
@@ -52,3 +54,15 @@ def test_an_unsupported_ep_size_says_which_are_supported(gpus):
     impl = _sm90()[0]
     assert ep_skip_reason(impl.name, impl.capabilities, 3) == (
         f"{impl.name} does not support EP3 (supports {impl.capabilities.ep_sizes})")
+
+
+def test_a_missing_jit_prerequisite_skips_naming_it_and_its_remedy(gpus):
+    gpus(1, built=False)
+    needing = [i for i in _sm90() if i.capabilities.prerequisite and i.capabilities.prerequisite()]
+    if not needing:
+        pytest.skip("the installed FlashInfer registers no SM90 kernel with a JIT prerequisite")
+    for impl in needing:
+        why = ep_skip_reason(impl.name, impl.capabilities, 1)
+        assert "fused_moe_90" in why and "python -m ci.prebuild_jit" in why and "F13" in why, why
+    gpus(0, built=False)  # no Hopper GPU: the arch skip says so, the prerequisite is not even asked
+    assert all(ep_skip_reason(i.name, i.capabilities, 1) is None for i in needing)

@@ -1,0 +1,67 @@
+"""How a subject spends its layers: the fixed tests run on the subject's two pool layers (a GPU layer of a new
+shape costs a kernel compile in every rank, one of the same shape with other weights costs nothing), and the
+weights of a large layer, drawn on threads, are the same bits as one expert at a time."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from fixtures.flashinfer.descriptors import DESCRIPTORS
+from fixtures.geometries import layer_pool, tile_layer, wide_layer
+from fixtures.impl import load
+from fixtures.problem import LayerCase, make_weights
+
+pytestmark = [pytest.mark.harness, pytest.mark.cpu]
+GPU_SPECS = [d.impl_name for d in DESCRIPTORS if d.arch == "sm90"]
+
+
+def _shape(layer: LayerCase) -> tuple:
+    """What a kernel compiles for (FlashInfer's compile keys: experts, H, I, top-k, capacity, clamp); not the weights."""
+    return (layer.num_experts, layer.hidden, layer.intermediate, layer.top_k, layer.capacity, layer.clamp_limit)
+
+
+@pytest.mark.parametrize("spec", GPU_SPECS)
+@pytest.mark.parametrize("ep", [1, 2, 4, 8])
+def test_gpu_pool_is_two_shapes_inside_the_constraints(spec, ep):
+    caps = load(spec).capabilities
+    pool = layer_pool(caps, ep)
+    assert len({_shape(layer) for layer in pool}) == 2
+    for layer in pool:
+        assert layer.hidden % caps.hidden_multiple == 0 and layer.intermediate % caps.intermediate_multiple == 0
+        assert layer.hidden <= caps.max_hidden and layer.intermediate <= caps.max_intermediate
+        assert layer.top_k in caps.top_k_values and layer.num_experts % ep == 0 and layer.num_experts >= layer.top_k
+        assert caps.beyond_accumulation_limit(layer.hidden, layer.intermediate) is None
+    assert (wide_layer(caps, ep).hidden // caps.hidden_multiple) % 2 == 1 or wide_layer(caps, ep).hidden == caps.hidden_multiple
+
+
+@pytest.mark.parametrize("spec", GPU_SPECS)
+def test_the_wide_layer_is_one_global_layer_at_every_ep_size(spec):
+    caps = load(spec).capabilities
+    assert len({_shape(wide_layer(caps, ep))[:4] for ep in (1, 2, 4, 8)}) == 1
+
+
+def test_fixed_tests_reuse_the_pool_shapes():
+    """The test modules build their fixed layers from the pool's (other seeds only): read from the source, so a
+    new fixed layer of its own shape shows up here."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    for module in ("suites/conformance/test_generic.py", "suites/conformance/test_ep.py", "suites/flashinfer/test_gpu_faults.py"):
+        text = (root / module).read_text()
+        assert "fixed_layer(" not in text and "LayerCase(num_experts" not in text, f"{module} builds a layer of its own shape"
+
+
+def test_threaded_weights_are_the_same_bits_as_one_expert_at_a_time():
+    layer = LayerCase(num_experts=4, hidden=1024, intermediate=1536, top_k=2, capacity=8, weight_seed=5)  # 3*H*I*E >= 2^24
+    w13, w2 = make_weights(layer)
+    for e in range(layer.num_experts):
+        one13, one2 = make_weights(layer, (e, e + 1))
+        assert torch.equal(one13[0], w13[e]) and torch.equal(one2[0], w2[e])
+    relabeled = make_weights(dataclasses.replace(layer, expert_perm_seed=3))
+    assert not torch.equal(relabeled[0], w13)  # the permutation moves experts; the draw stays per source expert
+
+
+def test_tile_and_wide_differ_in_shape_for_cpu_subjects():
+    caps = load("reference-ep").capabilities
+    assert _shape(tile_layer(caps, 2)) != _shape(wide_layer(caps, 2))
