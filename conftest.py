@@ -112,6 +112,26 @@ def _cuda_context_health(request):
         cuda_health.check(request.node.nodeid)
 
 
+def pytest_collection_finish(session):
+    """Tell the rank pools the order they will be used in, so each one's successor starts while it runs."""
+    from fixtures.dist import pool
+    from fixtures.impl import load
+    from fixtures.runner import Subject
+
+    keys = []
+    for item in session.items:
+        if item.get_closest_marker("skip"):
+            continue
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "subject" in params:
+            spec, impl, ep = params["subject"]
+            keys.append(Subject(spec, impl, ep).pool_key)
+        elif "d" in params and item.get_closest_marker("rank_pool"):
+            d = params["d"]
+            keys.append(Subject(d.impl_name, load(d.impl_name), 1).pool_key)
+    pool.set_upcoming(keys)
+
+
 def pytest_terminal_summary(terminalreporter):
     lines = results.summary_lines()
     if lines:

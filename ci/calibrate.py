@@ -38,12 +38,14 @@ def metrics(out: torch.Tensor, ref: torch.Tensor, term_mag: torch.Tensor, tol) -
 
 
 def systematic_stats(out: torch.Tensor, exp) -> dict:
-    """The systematic statistics (fixtures.systematic) with their standard errors: what calibrates the floors."""
-    stats = {"gain": systematic.gain(out, exp.ref), "bias": systematic.bias(out, exp.ref, exp.term_mag)}
-    experts = systematic.expert_gains(out, exp.terms, exp.ids)
+    """The systematic statistics the conformance check computes (fixtures.systematic.estimates), each as
+    [value, robust standard error, tokens]: what calibrates the floors. Expert gains: the worst one."""
+    found = systematic.estimates([out], exp.ref, exp.term_mag, exp.offsets, exp.terms, exp.ids)
+    stats = {e.what: e for e, kind in found if kind != "expert"}
+    experts = [e for e, kind in found if kind == "expert"]
     if experts:
         stats["worst_expert_gain"] = max(experts, key=lambda e: abs(e.value - 1))
-    return {k: [e.value, e.se] for k, e in stats.items() if e is not None}
+    return {k: [e.value, e.se, e.clusters] for k, e in stats.items()}
 
 
 def main(argv=None) -> int:

@@ -116,15 +116,23 @@ class Tolerance:
 @dataclass(frozen=True)
 class Systematic:
     """Bounds on systematic errors (fixtures.systematic): each statistic may differ from its ideal by ``k``
-    standard errors (from the case's own residuals) plus a floor. ``reason`` says where the floors come
-    from: provisional floors say so until hardware calibration replaces them."""
+    (normal-equivalent) robust standard errors plus a floor. ``resolution`` = (uniform scale, one expert's
+    scale): the smallest faults of each kind these bounds are held to catch (the GPU fault wrappers and the
+    meta-suite use them); each lies above its floor. ``reason`` says where the floors come from."""
 
     gain_floor: float
     bias_floor: float
     expert_gain_floor: float
     rank_gain_floor: float
     k: float = 6.0
+    resolution: tuple[float, float] = (1e-3, 1e-2)
     reason: str = ""
+
+    def __post_init__(self):
+        uniform, one_expert = self.resolution
+        if not (uniform > self.gain_floor and one_expert > self.expert_gain_floor):
+            raise ValueError(f"resolution {self.resolution} must lie above the gain and expert-gain floors "
+                             f"({self.gain_floor}, {self.expert_gain_floor}): a fault inside a floor is never caught")
 
 
 BITWISE = Tolerance(bitwise=True, textbook_rel_l2=1e-5,

@@ -61,14 +61,21 @@ def test_knob_classes_agree_with_their_promises():
 
 
 def test_an_accumulation_limit_names_a_declared_finding_and_bounds_the_drawn_layers():
-    """A descriptor's accumulation limit (F12) points at a finding it declares, and its drawn layers stay
-    within the limit; model geometries beyond it say why they are not held to the recipe."""
+    """A descriptor's accumulation limit (F12) points at a finding it declares. Under a FlashInfer version the
+    finding applies to, the drawn layers stay within the limit and model geometries beyond it say why they are
+    not held to the recipe; under another (F12: not seen with 0.7.4), the kernel is held to its recipe at
+    every size."""
+    from fixtures import findings
+
     limited = [d for d in DESCRIPTORS if d.accumulation_limit]
     assert limited, "no descriptor declares an accumulation limit (F12 is declared by the per_tensor pull kernel)"
     for d in limited:
         k, key = d.accumulation_limit
         assert key in d.findings, f"{d.impl_name}: accumulation limit names {key}, not among {d.findings}"
         caps = capabilities(d)
+        if not findings.applies(key):
+            assert caps.accumulation_limit is None and caps.beyond_accumulation_limit(2 * k, 64) is None
+            continue
         assert caps.max_hidden <= k and caps.max_intermediate <= k, f"{d.impl_name} draws layers beyond K={k}"
         assert caps.beyond_accumulation_limit(k, k) is None
         why = caps.beyond_accumulation_limit(2 * k, 64)

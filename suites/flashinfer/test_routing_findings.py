@@ -8,12 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from hypothesis import given, settings
 
 from fixtures.findings import expect_finding
-from fixtures.flashinfer.routing_check import GROUPS_BEYOND_EIGHT, KEPT_GROUPS_BEYOND_FOUR, RoutingCase, check, routing_cases
-from fixtures.flashinfer.routing_ops import OPS, RoutingOp, supported_marker
+from fixtures.flashinfer.routing_check import (GROUPS_BEYOND_EIGHT, KEPT_GROUPS_BEYOND_FOUR, RoutingCase, held_to_finding, routing_cases)
+from fixtures.flashinfer.routing_ops import OPS, supported_marker
 
 pytest.importorskip("flashinfer", reason="flashinfer-python is not installed")
 CHILD_TIMEOUT_S = 600  # a fresh process loads the op (JIT-compiled on a host without the cache)
@@ -24,20 +23,10 @@ def _grouped_ops():
             if op.grouped and "DeepSeekV3" in op.methods]
 
 
-def _held_to_finding(op: RoutingOp, case: RoutingCase, key: str, clean: str) -> None:
-    """Run ``case``; the op is held to finding ``key`` (fixtures.findings.expect_finding)."""
-    try:
-        check(case, torch.device("cuda", 0))
-        ok, observed = True, clean
-    except AssertionError as err:
-        ok, observed = False, str(err).splitlines()[0]
-    expect_finding(op.name, op.finding(key), key, ok, observed)
-
-
 @pytest.mark.parametrize("op", _grouped_ops())
 def test_kept_groups_beyond_four(op):
     """topk_group = 5 of 8 groups: the case the ci profile drew on 2026-12-01 (F10 where declared)."""
-    _held_to_finding(op, RoutingCase(op=op.name, **KEPT_GROUPS_BEYOND_FOUR), "F10", "the op keeps all topk_group groups")
+    held_to_finding(op, RoutingCase(op=op.name, **KEPT_GROUPS_BEYOND_FOUR), "F10", "the op keeps all topk_group groups")
 
 
 def _grouped_beyond_eight_ops():

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fixtures import arch, findings, results
-from fixtures.flashinfer.routing_check import PATTERNS, RoutingCase, check, routing_cases
+from fixtures.flashinfer.routing_check import PATTERNS, RoutingCase, check, held_to_finding, routing_cases
 from fixtures.flashinfer.routing_ops import BY_NAME, OPS, RoutingOp, call, supported_marker
 from reference.routing import BIASED_METHODS
 
@@ -63,7 +63,7 @@ def test_explicit_case(op, method, pattern, grouped):
                        top_k=top_k, n_group=groups[0], topk_group=groups[1],
                        routed_scaling_factor=2.5 if biased else 1.0, biased=biased, pattern=pattern, seed=11)
     if pattern == "underflow" and biased and op.finding("F8"):
-        _held_to_finding(op, case, "F8", "the weights match the reference")
+        held_to_finding(op, case, "F8", "the weights match the reference")
         return
     check(case, torch.device("cuda", 0))
 

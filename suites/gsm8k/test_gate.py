@@ -3,7 +3,6 @@ servers started from config commands on loopback, all questions asked, scored, d
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 

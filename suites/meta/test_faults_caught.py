@@ -16,7 +16,8 @@ from ci import repro
 from fixtures import results
 from fixtures.checks import CHECKS, ConformanceFailure, run_checks
 from fixtures.impl import load
-from fixtures.impls.faulty import FAULTS
+from fixtures.impls.faulty import FAULTS, resolution_faults
+from reference.recipes import ALL_RECIPES
 from fixtures.strategies import scenarios
 from fixtures.runner import Subject
 
@@ -79,17 +80,25 @@ def test_each_check_alone_catches_its_fault_and_reproduces_it(check, fault):
     _printed_reproduction_fails_again(fault, str(failure), check)
 
 
-SYSTEMATIC_FAULTS = ("scale_1e-3", "one_expert_scale_1e-2", "one_rank_scale_3e-2")
 FP8_RECIPES = ("sm90_pull_fp8_blockwise", "sm90_pull_fp8_per_tensor", "sm90_push_fp8")
 
 
-@pytest.mark.parametrize("recipe", FP8_RECIPES)
-@pytest.mark.parametrize("fault", SYSTEMATIC_FAULTS)
+def _systematic_faults(recipe: str) -> tuple[str, ...]:
+    """The uniform and one-expert faults at the recipe's declared resolution, and one rank at 1% (inside the
+    FP8 recipes' relative-L2 bound of 2%, above their rank-gain floors)."""
+    return (*resolution_faults(ALL_RECIPES[recipe].tolerance.systematic), "one_rank_scale_1e-2")
+
+
+@pytest.mark.parametrize("recipe, fault", [(r, f) for r in FP8_RECIPES for f in _systematic_faults(r)])
 def test_systematic_faults_are_caught_under_each_fp8_recipe(fault, recipe):
-    """reference-ep computing an FP8 recipe, held to that recipe's tolerance (not bitwise): 0.1% everywhere,
-    1% on one expert, 3% on one rank each fail the systematic check (the noise bounds let them pass)."""
+    """reference-ep computing an FP8 recipe, held to that recipe's tolerance (not bitwise): a uniform scale and
+    one expert's scale at the recipe's systematic resolution (0.1% and 1% where the H200 showed them
+    resolvable), and 1% on one rank, each fail the systematic check (the noise bounds let them pass)."""
     failure, examples = _search(fault, inner=f"reference-ep[{recipe}]")
-    assert str(failure).startswith("[systematic]"), str(failure)[:300]
+    # a 5% expert under a recipe of coarse resolution may also leave the noise bounds: either check is a catch
+    caught_by = str(failure).split("]", 1)[0].lstrip("[")
+    wide = ALL_RECIPES[recipe].tolerance.systematic.resolution[1] > ALL_RECIPES[recipe].tolerance.rel_l2
+    assert caught_by == "systematic" or (wide and caught_by == "oracle"), str(failure)[:300]
     print(f"{fault} under {recipe}: caught after {examples} example(s): {str(failure).splitlines()[0][-160:]}")
 
 

@@ -1,0 +1,66 @@
+"""The session's next rank pool starts while the current one runs (fixtures.dist.pool.set_upcoming), and a
+pool started ahead that fails to come up is started again when a case needs it."""
+from __future__ import annotations
+
+import pytest
+
+from fixtures.checks import check_oracle
+from fixtures.dist import pool
+from fixtures.impl import load
+from fixtures.problem import BatchCase, LayerCase, Scenario
+from fixtures.runner import Subject
+
+pytestmark = [pytest.mark.harness, pytest.mark.cpu, pytest.mark.ep]
+
+
+def _case(ep: int) -> tuple[Subject, Scenario]:
+    layer = LayerCase(num_experts=2 * ep, hidden=32, intermediate=16, top_k=2, capacity=8, weight_seed=3)
+    return Subject("reference-ep", load("reference-ep"), ep), Scenario(layer, (BatchCase(tokens=(4,) * ep, seed=1),), ep)
+
+
+@pytest.fixture
+def upcoming(monkeypatch):
+    monkeypatch.setenv("MOE_POOL_PREFETCH", "1")
+    pool.close_all()
+    yield pool.set_upcoming
+    pool.set_upcoming([])
+    pool.close_all()
+
+
+def test_the_next_pool_is_started_before_its_first_case(upcoming):
+    (s1, c1), (s2, c2), (s4, c4) = _case(1), _case(2), _case(4)
+    upcoming([s1.pool_key, s2.pool_key, s4.pool_key])
+    check_oracle(s1, c1)
+    ahead = pool._POOLS.get(s2.pool_key)
+    assert ahead is not None and ahead.proc is not None, "EP2's pool was not started while EP1 ran"
+    assert s4.pool_key not in pool._POOLS, "only the next pool is started ahead"
+    check_oracle(s2, c2)  # waits for the ranks that connected meanwhile
+    assert pool._POOLS[s2.pool_key] is ahead and ahead.alive()
+    assert s4.pool_key in pool._POOLS  # and EP4's starts now
+    check_oracle(s4, c4)
+
+
+def test_a_pool_started_ahead_that_fails_is_started_again(upcoming, monkeypatch):
+    (s1, c1), (s2, c2) = _case(1), _case(2)
+    check_oracle(s1, c1)  # EP1's pool is up
+    upcoming([s1.pool_key, s2.pool_key])
+    monkeypatch.setattr(pool, "STARTUP_TIMEOUT_S", 0.0)  # EP2's start ahead gives up at once
+    pool.get_pool(s1.pool_key)
+    ahead = pool._POOLS[s2.pool_key]
+    assert ahead.starting
+    monkeypatch.setattr(pool, "STARTUP_TIMEOUT_S", 120.0)
+    check_oracle(s2, c2)  # the failed start is counted and the pool started again
+    assert ahead.alive() and ahead.restarts == 1
+
+
+def test_without_prefetch_nothing_starts_ahead(monkeypatch):
+    monkeypatch.setenv("MOE_POOL_PREFETCH", "0")
+    pool.close_all()
+    (s1, c1), (s2, _) = _case(1), _case(2)
+    pool.set_upcoming([s1.pool_key, s2.pool_key])
+    try:
+        check_oracle(s1, c1)
+        assert s2.pool_key not in pool._POOLS
+    finally:
+        pool.set_upcoming([])
+        pool.close_all()
