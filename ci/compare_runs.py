@@ -8,7 +8,11 @@ Declared rules, per (implementation, EP size) present in both runs:
 * a shifted error distribution: the oracle's relative L2 per checked (batch, rank) is larger in NEW, by
   a one-sided Mann-Whitney U test at p < 1e-3 *and* a median at least 1.5x OLD's (plus 1e-6): run-to-run
   draws differ, a kernel that got worse moves the whole distribution;
-* a finding that appeared (reproduced in NEW, not in OLD) or vanished (the reverse).
+* a finding that appeared (reproduced in NEW, not in OLD) or vanished (the reverse);
+* a latency regression (both folders hold ``latency.json``, ci.bench_latency): a (backend, geometry, tokens)
+  whose median grew by more than its noise, max(5%, the two runs' interquartile ranges over OLD's median);
+* the FlashInfer API snapshot diff (both folders hold ``api.json``, ci.snapshot_flashinfer_api): reported,
+  not a regression by itself (an upgrade changes the API on purpose; its tests judge the changes).
 Incomparable: either folder holds neither per-case records nor failures, or the two share no
 (implementation, EP size). A run whose every case failed is compared by its failures.
 """
@@ -27,6 +31,7 @@ from fixtures.results import case_records
 
 P_VALUE = 1e-3
 MEDIAN_RATIO = 1.5
+LATENCY_NOISE = 0.05  # the least relative growth of a median called a latency regression
 
 
 def _lines(folder: Path, kind: str) -> list[dict]:
@@ -47,6 +52,34 @@ def _failures(folder: Path) -> set[tuple[str, str, int]]:
 
 def _findings(folder: Path) -> set[tuple[str, str]]:
     return {(f["impl"], f["finding"]) for f in _lines(folder, "findings") if f.get("reproduced")}
+
+
+def _latency(folder: Path) -> dict[tuple[str, str, int], dict]:
+    path = folder / "latency.json"
+    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    return {(r["impl"], r["geometry"], r["tokens"]): r for r in rows if "median_ms" in r}
+
+
+def latency_report(old: Path, new: Path) -> tuple[bool, list[str]]:
+    a, b = _latency(old), _latency(new)
+    lines, regressed = [], False
+    for key in sorted(a.keys() & b.keys()):
+        ra, rb = a[key], b[key]
+        noise = max(LATENCY_NOISE, (ra["iqr_ms"] + rb["iqr_ms"]) / ra["median_ms"])
+        slower = rb["median_ms"] > ra["median_ms"] * (1 + noise)
+        regressed |= slower
+        lines.append(f"{'REGRESSION ' if slower else ''}latency {key[0]} {key[1]} T={key[2]}: median "
+                     f"{ra['median_ms']:.4g} -> {rb['median_ms']:.4g} ms (noise {noise:.0%})")
+    return regressed, lines
+
+
+def api_report(old: Path, new: Path) -> list[str]:
+    from ci import api_diff
+
+    if not ((old / "api.json").exists() and (new / "api.json").exists()):
+        return []
+    lines = api_diff.diff(json.loads((old / "api.json").read_text()), json.loads((new / "api.json").read_text()))
+    return [f"FlashInfer API: {len(lines)} differences"] + [f"  {line}" for line in lines]
 
 
 def compare(old: Path, new: Path) -> tuple[int, list[str]]:
@@ -82,6 +115,9 @@ def compare(old: Path, new: Path) -> tuple[int, list[str]]:
         report.append(f"REGRESSION finding appeared: {key} on {impl}")
         regressed = True
     report += [f"finding vanished: {key} on {impl}" for impl, key in sorted(found_old - found_new)]
+    slower, lines = latency_report(old, new)
+    regressed |= slower
+    report += lines + api_report(old, new)
     return (1 if regressed else 0), report
 
 

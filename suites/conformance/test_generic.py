@@ -33,7 +33,7 @@ def _record(subject, scenario, check, started, run, textbook=()):
         impl=subject.spec, ep=subject.ep_size, recipe=subject.caps.recipe.name, check=check,
         scenario=scenario.to_json(), seconds=round(time.monotonic() - started, 4), metrics=list(run.metrics),
         textbook_rel_l2=list(textbook), rank_seconds=run.rank_seconds, process_seconds=run.seconds,
-        layers_built=run.layers_built))
+        layers_built=run.layers_built, placement=subject.placement or ""))
 
 
 @given(data=st.data())

@@ -91,3 +91,34 @@ def test_a_run_whose_every_case_failed_is_a_regression_not_incomparable(tmp_path
     (broken / "failures-main.jsonl").write_text(json.dumps({"check": "oracle", "impl": "k", "ep": 1}) + "\n")
     code, lines = compare_runs.compare(clean, broken)
     assert code == 1 and "REGRESSION new failure: [oracle] k at EP1" in lines, lines
+
+
+def _latency(folder: Path, median: float, iqr: float = 0.01) -> Path:
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "latency.json").write_text(json.dumps({"rows": [
+        {"impl": "torch", "geometry": "tiny", "tokens": 64, "median_ms": median, "iqr_ms": iqr}]}))
+    return folder
+
+
+def test_a_slower_median_beyond_its_noise_is_a_latency_regression(tmp_path):
+    old = _latency(tmp_path / "old", 1.00)
+    assert compare_runs.latency_report(old, _latency(tmp_path / "same", 1.03))[0] is False  # inside 5%
+    slower, lines = compare_runs.latency_report(old, _latency(tmp_path / "slow", 1.20))
+    assert slower and lines[0].startswith("REGRESSION latency torch tiny T=64"), lines
+    noisy = _latency(tmp_path / "noisy", 1.20, iqr=0.5)  # a spread as large as the change: noise
+    assert compare_runs.latency_report(_latency(tmp_path / "old2", 1.00, iqr=0.5), noisy)[0] is False
+
+
+def test_the_api_diff_is_reported_when_both_folders_hold_a_snapshot(tmp_path):
+    """The two pinned snapshots, as two nightly folders would hold them: the 87 differences are listed."""
+    import shutil
+
+    for name, version in (("a", "0.7.2.post1"), ("b", "0.7.4")):
+        (tmp_path / name).mkdir()
+        shutil.copy(ROOT / "fixtures" / "flashinfer" / f"api-{version}.json", tmp_path / name / "api.json")
+    lines = compare_runs.api_report(tmp_path / "a", tmp_path / "b")
+    assert lines[0] == f"FlashInfer API: {len(lines) - 1} differences" and len(lines) > 10, lines[:3]
+    assert any("sm90_bf16_bf16_bf16_pull_cutedsl" in line for line in lines), "the new BF16 pull kernel is named"
+    assert compare_runs.api_report(tmp_path / "a", tmp_path) == []  # one side without a snapshot: nothing

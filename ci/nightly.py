@@ -1,0 +1,155 @@
+"""The nightly GPU job in one command: every backend of this machine's arch at every EP size that fits, under
+the nightly hypothesis profile, into one results folder with a report people read.
+
+    python -m ci.nightly [--out results/nightly-DATE] [--arch sm90] [--examples N] [--no-latency] [-- PYTEST ARGS]
+
+It detects the GPUs (count and arch) and runs, with ``bash ci/setup.sh``'s Python:
+  1. EP1: ``pytest -m ARCH --ep 1``, spread over one pytest-xdist worker per GPU (``--dist loadgroup``: each
+     rank pool's tests on one worker), each worker and its rank pools pinned to its GPU;
+  2. EP2/4/8: ``pytest -m ARCH --ep 2,4,8`` in one process that sees every GPU: a backend takes a GPU per
+     rank where there are enough and shares GPU 0 where it may and there are not (fixtures.placement; each
+     per-case record says which);
+  3. ``python -m ci.bench_latency`` (a GPU only), then ``python -m ci.report``.
+The folder holds ``junit-ep1.xml``, ``junit-ep2-8.xml``, the per-case records, ``env.json`` (versions, GPUs,
+driver, commit, each phase's wall time), ``api.json`` (the FlashInfer API snapshot, for ci.compare_runs),
+``latency.json``, ``report.md``, ``report.html`` and ``plots/``. Exit 0 when every phase passed. ``--arch cpu``
+runs the CPU tier the same way (the job's own test).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def gpus(arch: str) -> list[int]:
+    """The CUDA device indices of this machine's GPUs of ``arch`` (empty for the CPU)."""
+    from fixtures import arch as arches
+
+    if arch not in arches.ARCH_MARKERS:
+        return []
+    return [i for i, cc in enumerate(arches.capabilities()) if arches.ARCH_MARKERS[arch](cc)]
+
+
+def environment(devices: list[int]) -> dict:
+    import importlib.metadata as md
+
+    import torch
+
+    def version(name):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return "not installed"
+
+    def command(*argv):
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=60).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    return {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, **{n: version(n) for n in ("flashinfer-python", "nvidia-cutlass-dsl",
+                                                                   "hypothesis", "pytest", "pytest-xdist")},
+            "gpus": [torch.cuda.get_device_name(i) for i in devices],
+            "driver": command("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader").split("\n")[0],
+            "commit": command("git", "rev-parse", "HEAD"), "dirty": bool(command("git", "status", "--porcelain"))}
+
+
+def phase_commands(python: str, arch: str, devices: list[int], out: Path, extra: list[str]) -> list[tuple[str, list, dict]]:
+    """(name, argv, extra environment) per pytest phase."""
+    marker = arch if arch != "cpu" else "cpu"
+    base = [python, "-m", "pytest", "-m", marker, "-p", "fixtures.progress", "-p", "no:cacheprovider",
+            "--results-dir", str(out), "-rsx"]
+    ep1, env1 = [*base, "--ep", "1", "--junitxml", str(out / "junit-ep1.xml")], {}
+    if len(devices) > 1:
+        ep1 += ["-n", str(len(devices)), "--dist", "loadgroup"]
+        env1 = {"MOE_PIN_WORKER_GPU": "1", "MOE_GPU_LIST": ",".join(map(str, devices))}
+    rest = [*base, "--ep", "2,4,8", "--junitxml", str(out / "junit-ep2-8.xml")]
+    return [("ep1", [*ep1, *extra], env1), ("ep2-8", [*rest, *extra], {})]
+
+
+def run(cmd: list, env: dict, log: Path, timeout: float) -> tuple[int, float]:
+    """Run a phase, its output into ``log``; the progress lines (fixtures.progress) also to this console."""
+    started = time.monotonic()
+    with open(log, "a") as fh:
+        fh.write(f"$ {' '.join(cmd)}\n")
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        try:
+            for line in proc.stdout:
+                fh.write(line)
+                if "[progress]" in line:
+                    print(line[line.index("[progress]"):].rstrip(), flush=True)
+            code = proc.wait()
+        finally:
+            timed_out = not timer.is_alive()
+            timer.cancel()
+    return (124 if timed_out and code != 0 else code), round(time.monotonic() - started, 1)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--arch", default=None, help="default: this machine's GPU arch (sm90, ...); 'cpu' for the CPU tier")
+    p.add_argument("--profile", default=os.environ.get("MOE_HYPOTHESIS_PROFILE", "nightly"))
+    p.add_argument("--examples", type=int, default=None, help="cap the hypothesis examples (MOE_HYPOTHESIS_EXAMPLES)")
+    p.add_argument("--no-latency", action="store_true")
+    p.add_argument("--phase-timeout", type=float, default=6 * 3600)
+    a, extra = p.parse_known_args(argv)
+    extra = [x for x in extra if x != "--"]
+    python = subprocess.run(["bash", "ci/setup.sh"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    if importlib.util.find_spec("torch") is None:  # a bare interpreter: go on in the suite's environment
+        os.execv(python, [python, "-m", "ci.nightly", *(sys.argv[1:] if argv is None else argv)])
+    from fixtures import arch as arches
+
+    arch = a.arch or arches.local_arch()
+    if arch is None:
+        print("no GPU of a known arch here: say --arch cpu to run the CPU tier as a nightly job", file=sys.stderr)
+        return 2
+    devices = gpus(arch)
+    out = a.out or ROOT / "results" / f"nightly-{datetime.date.today().isoformat()}"
+    out.mkdir(parents=True, exist_ok=True)
+    env_info = environment(devices)
+    env_info.update(arch=arch, profile=a.profile, examples=a.examples, phases={})
+    try:
+        from ci.snapshot_flashinfer_api import snapshot
+        (out / "api.json").write_text(json.dumps(snapshot(), indent=1, sort_keys=True))
+    except Exception as err:  # noqa: BLE001 (no FlashInfer here: the report says so)
+        env_info["api_snapshot"] = f"not taken: {type(err).__name__}: {err}"
+    common = {"MOE_HYPOTHESIS_PROFILE": a.profile, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+              "NVSHMEM_DISABLE_NVLS": "1", **({"MOE_HYPOTHESIS_EXAMPLES": str(a.examples)} if a.examples else {})}
+    log, worst = out / "nightly.log", 0
+    print(f"nightly: {arch}, {len(devices)} GPU(s), profile {a.profile}, results in {out}", flush=True)
+    for name, cmd, env in phase_commands(python, arch, devices, out, extra):
+        print(f"nightly: phase {name}: {' '.join(cmd)}", flush=True)
+        code, seconds = run(cmd, {**common, **env}, log, a.phase_timeout)
+        env_info["phases"][name] = {"exit": code, "seconds": seconds}
+        print(f"nightly: phase {name} exit {code} after {seconds} s", flush=True)
+        worst = worst if code in (0, 5) else max(worst, 1)
+    if devices and not a.no_latency:
+        code, seconds = run([python, "-m", "ci.bench_latency", "--json", str(out / "latency.json")], common, log,
+                            a.phase_timeout)
+        env_info["phases"]["latency"] = {"exit": code, "seconds": seconds}
+    (out / "env.json").write_text(json.dumps(env_info, indent=1))
+    from ci import report
+    for path in report.write(out):
+        print(f"nightly: wrote {path}", flush=True)
+    return worst
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

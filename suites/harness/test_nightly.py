@@ -1,0 +1,60 @@
+"""ci.nightly end to end on CPU (``--arch cpu``, a few drawn cases of reference-ep): one results folder with both
+JUnit files, per-case records, env.json, api.json, and a report with plots; the progress lines on the console.
+And its pieces: the phase commands for 1, 2 and 8 GPUs, a worker pinned to its GPU, the progress groups."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ci import nightly
+from fixtures import options, progress
+
+pytestmark = [pytest.mark.harness, pytest.mark.cpu]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_cpu_nightly_writes_the_whole_folder(tmp_path):
+    out = tmp_path / "night"
+    done = subprocess.run([sys.executable, "-m", "ci.nightly", "--arch", "cpu", "--examples", "2", "--out", str(out),
+                           "--", "suites/conformance/test_generic.py", "-k", "test_matches_reference",
+                           "--impl", "reference-ep"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[progress] reference-ep EP1" in done.stdout and "[progress] reference-ep EP8" in done.stdout, done.stdout
+    for name in ("junit-ep1.xml", "junit-ep2-8.xml", "env.json", "report.md", "report.html", "plots/rel_l2.png"):
+        assert (out / name).exists(), f"{name} missing: {sorted(p.name for p in out.rglob('*'))}"
+    assert list(out.glob("cases-*.jsonl")), "no per-case records"
+    env = json.loads((out / "env.json").read_text())
+    assert env["arch"] == "cpu" and set(env["phases"]) == {"ep1", "ep2-8"} and env["commit"]
+    text = (out / "report.md").read_text()
+    assert "reference-ep | 8 |" in text and "cpu" in text  # per EP size, and where the ranks were placed
+
+
+@pytest.mark.parametrize("count", [1, 2, 8])
+def test_ep1_spreads_over_one_worker_per_gpu(count, tmp_path):
+    (name1, ep1, env1), (name2, rest, env2) = nightly.phase_commands("python", "sm90", list(range(count)), tmp_path, [])
+    assert ep1[ep1.index("--ep") + 1] == "1" and rest[rest.index("--ep") + 1] == "2,4,8" and not env2
+    if count == 1:
+        assert "-n" not in ep1 and not env1
+    else:
+        assert ep1[ep1.index("-n") + 1] == str(count) and "loadgroup" in ep1
+        assert env1 == {"MOE_PIN_WORKER_GPU": "1", "MOE_GPU_LIST": ",".join(map(str, range(count)))}
+
+
+def test_a_worker_sees_only_its_gpu():
+    env = {"PYTEST_XDIST_WORKER": "gw5", "MOE_PIN_WORKER_GPU": "1", "MOE_GPU_LIST": "0,1,2,3"}
+    assert options.pin_worker_gpu(env) == "1" and env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert options.pin_worker_gpu({"PYTEST_XDIST_WORKER": "gw0", "MOE_GPU_LIST": "0,1"}) is None  # not asked to
+
+
+def test_progress_groups_by_pool():
+    lines = []
+    p = progress.Progress(lines.append)
+    for nodeid, outcome in [("suites/x.py::test_a[sm90_x-EP1]", "passed"), ("suites/x.py::test_b[sm90_x-EP1-p]", "failed"),
+                            ("suites/x.py::test_a[sm90_x-EP2]", "passed")]:
+        p.report(nodeid, outcome)
+    p.flush()
+    assert lines[0].startswith("[progress] sm90_x EP1: 1 failed, 1 passed") and lines[1].startswith("[progress] sm90_x EP2")

@@ -1,0 +1,65 @@
+"""ci.report on the H200 run of 2026-12-01 (its committed raw records): the report names the outcome, the
+backends, the findings (F14 reproduced, F12 gone), the failures with reproductions, and draws its plots; and
+the latency benchmark's torch baseline runs on CPU and feeds the report's latency table."""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ci import bench_latency, report
+
+pytestmark = [pytest.mark.harness, pytest.mark.cpu]
+ROOT = Path(__file__).resolve().parents[2]
+RAW = ROOT / "docs" / "validation" / "raw" / "2026-12-01-run3"
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    out = tmp_path_factory.mktemp("h200")
+    for name, target in (("cases.jsonl.gz", "cases-main.jsonl"), ("failures.jsonl.gz", "failures-main.jsonl"),
+                         ("junit.xml.gz", "junit-ep1.xml")):
+        (out / target).write_bytes(gzip.decompress((RAW / name).read_bytes()))
+    shutil.copy(RAW / "findings.jsonl", out / "findings-main.jsonl")
+    (out / "env.json").write_text(json.dumps({"flashinfer-python": "0.7.4", "gpus": ["NVIDIA H200"]}))
+    report.write(out)
+    return out
+
+
+def test_the_report_says_what_ran_and_what_failed(folder):
+    text = (folder / "report.md").read_text()
+    assert "33 failed" in text and "NVIDIA H200" in text
+    assert "| sm90_fp8_fp8_bf16_pull_cutedsl[blockwise] | 8 |" in text
+    assert "| F14 | sm90_bf16_bf16_bf16_pull_cutedsl | reproduced |" in text
+    assert "| F12 | sm90_fp8_fp8_bf16_pull_cutedsl[per_tensor] | gone |" in text
+    assert "python -m ci.repro" in text  # failures come with their reproduction
+
+
+def test_the_report_draws_each_distribution_against_its_tolerance(folder):
+    for name in ("rel_l2", "row_rel_max", "band_units_max", "gain", "cases_per_minute"):
+        png = folder / "plots" / f"{name}.png"
+        assert png.exists() and png.read_bytes()[:4] == b"\x89PNG", name
+    html = (folder / "report.html").read_text()
+    assert '<img src="plots/rel_l2.png"' in html and "<table>" in html
+
+
+def test_the_torch_baseline_times_on_cpu_and_lands_in_the_table(tmp_path):
+    out = tmp_path / "lat.json"
+    assert bench_latency.main(["--device", "cpu", "--geometry", "tiny", "--tokens", "8,64", "--repeats", "3",
+                               "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["tokens"] for r in rows] == [8, 64] and all(r["median_ms"] > 0 and r["impl"] == "torch" for r in rows)
+    assert rows[1]["tflops"] >= 0 and 0 <= rows[1]["hbm_frac_peak"] < 1
+    (tmp_path / "latency.json").write_text(out.read_text())
+    assert "## Latency" in report.markdown(tmp_path, [])
+
+
+def test_the_cpu_workflow_runs_the_readme_test_command():
+    workflow = (ROOT / ".github" / "workflows" / "cpu.yml").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "run: bash ci/test.sh\n" in workflow and "bash ci/test.sh             # the project's own tests" in readme
+    nightly = (ROOT / ".github" / "workflows" / "nightly-gpu.yml").read_text()
+    assert "schedule:" in nightly and "python -m ci.nightly" in nightly and "upload-artifact" in nightly
