@@ -122,13 +122,17 @@ SYSTEMATIC_FP8_BLOCKWISE = Systematic(  # caught 0.1% (gain 1.0008) and 1% on on
     gain_floor=5e-4, bias_floor=2e-4, expert_gain_floor=5e-3, rank_gain_floor=2e-3,
     reason=_H200 + "|gain - 1| <= 4.2e-4 (78 cases); |bias| <= 1.5e-5; rank gains within 9.5e-4")
 SYSTEMATIC_FP8_PER_TENSOR = Systematic(
-    gain_floor=2.5e-3, bias_floor=2e-4, expert_gain_floor=2e-2, rank_gain_floor=8e-3, resolution=(1e-2, 5e-2),
-    reason=_H200 + "|gain - 1| up to 1.8e-3 (117 tokens of an H=128 layer: an unexplained shrink of the "
-                   "per-tensor kernel, not in its recipe), rank gains up to 5.6e-3: 0.1% is below its resolution")
+    gain_floor=5e-4, bias_floor=2e-4, expert_gain_floor=5e-3, rank_gain_floor=8e-3, resolution=(1e-3, 5e-2),
+    reason=_H200 + "|gain - 1| <= 8.5e-4 (50 cases) and 1.8e-3 at 117 tokens of an H=128 layer, judged then with "
+                   "element-wise standard errors: not absorbed into the floor, the robust ones must show whether "
+                   "it is noise; rank gains up to 5.6e-3. One expert: a 1% routing weight goes through the static "
+                   "FP8 scale of the FC2 input, whose 3-bit mantissa rounds most of it away token by token, so the "
+                   "robust standard error cannot resolve it even against the exact recipe (CPU meta-suite); 5% it "
+                   "can (the H200 caught 1% only under element-wise standard errors)")
 SYSTEMATIC_PUSH_FP8 = Systematic(
-    gain_floor=1e-3, bias_floor=2e-4, expert_gain_floor=3e-2, rank_gain_floor=5e-3, resolution=(1e-2, 5e-2),
-    reason=_H200 + "|gain - 1| <= 5.1e-4 (2.7e-3 and 6e-3 with 1-2 tokens), expert gains off by up to 2.4e-2: "
-                   "the recipe leaves push_cuda's noise high (F1), a 0.1% scale and a 1% expert were not caught")
+    gain_floor=5e-4, bias_floor=2e-4, expert_gain_floor=5e-3, rank_gain_floor=5e-3, resolution=(1e-2, 5e-2),
+    reason=_H200 + "|gain - 1| <= 5.1e-4 (2.7e-3 and 6e-3 with 1-2 tokens); its noise is high (F1), so a 0.1% "
+                   "scale and a 1% expert were not caught there: its fault wrappers are held to 1% and 5%")
 
 _FP8_KERNEL_TOL = Tolerance(
     rel_l2=0.02, cosine=0.999, row_rel_l2=0.08, row_floor=0.004, band_c=E4M3_FLIP_BAND, band_atol=1e-3,
