@@ -66,18 +66,26 @@ def pytest_report_header(config):
     ]
 
 
+def _pool_subject(item):
+    """(spec, implementation, EP size) of the rank pool a test runs on, or None: a ``subject`` test's own, and
+    the EP1 pool of a descriptor's kernel for tests marked ``rank_pool`` (parameter ``d``)."""
+    from fixtures.impl import load
+
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "subject" in params:
+        return params["subject"]
+    if "d" in params and item.get_closest_marker("rank_pool"):
+        return params["d"].impl_name, load(params["d"].impl_name), 1
+    return None
+
+
 def _pool_order(item) -> tuple[int, str, str]:
-    """(EP size, rank pool, implementation): tests of one pool run together, EP1 first. Tests that run a
-    descriptor's kernel on its EP1 pool without the ``subject`` fixture (marker ``rank_pool``) join that pool."""
-    callspec = getattr(item, "callspec", None)
-    params = callspec.params if callspec else {}
-    subject = params.get("subject")
-    if subject:
-        return subject[2], subject[1].capabilities.pool_tag or subject[0], subject[0]
-    d = params.get("d")
-    if d is not None and item.get_closest_marker("rank_pool"):
-        return 1, d.pool_tag, d.impl_name
-    return 0, "", ""
+    """(EP size, rank pool, implementation): tests of one pool run together, EP1 first."""
+    subject = _pool_subject(item)
+    if subject is None:
+        return 0, "", ""
+    spec, impl, ep = subject
+    return ep, impl.capabilities.pool_tag or spec, spec
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks added here
@@ -115,21 +123,10 @@ def _cuda_context_health(request):
 def pytest_collection_finish(session):
     """Tell the rank pools the order they will be used in, so each one's successor starts while it runs."""
     from fixtures.dist import pool
-    from fixtures.impl import load
     from fixtures.runner import Subject
 
-    keys = []
-    for item in session.items:
-        if item.get_closest_marker("skip"):
-            continue
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        if "subject" in params:
-            spec, impl, ep = params["subject"]
-            keys.append(Subject(spec, impl, ep).pool_key)
-        elif "d" in params and item.get_closest_marker("rank_pool"):
-            d = params["d"]
-            keys.append(Subject(d.impl_name, load(d.impl_name), 1).pool_key)
-    pool.set_upcoming(keys)
+    subjects = (_pool_subject(item) for item in session.items if not item.get_closest_marker("skip"))
+    pool.set_upcoming(Subject(*subject).pool_key for subject in subjects if subject)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -121,6 +121,15 @@ def test_idle_step_then_busy_then_smaller(subject):
     check_oracle(subject, Scenario(layer, (idle, busy, smaller, uneven), subject.ep_size, ("sequence",)))
 
 
+def _skip_unless_a_model_ep_size(subject) -> None:
+    """Model-size layers (model geometries, the accumulation limit) run at the EP sizes MOE_MODEL_EP names."""
+    sizes = model_ep_sizes()
+    if sizes is not None and subject.ep_size not in sizes:
+        pytest.skip(f"model geometries run at EP {sorted(sizes)} ({ENV_MODEL_EP}; every EP size under the nightly "
+                    f"profile): their GEMM shapes do not change with the EP size, the subject's own layers test EP"
+                    f"{subject.ep_size}")
+
+
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
 @settings(max_examples=max(1, settings.default.max_examples // 3))  # real-model layers are large: fewer draws
 @given(data=st.data())
@@ -131,11 +140,7 @@ def test_model_geometry(subject, model, data, request):
     why = fits(model, subject.caps)
     if why:
         pytest.skip(f"{subject.spec} cannot run {model.name}: {why}")
-    sizes = model_ep_sizes()
-    if sizes is not None and subject.ep_size not in sizes:
-        pytest.skip(f"model geometries run at EP {sorted(sizes)} ({ENV_MODEL_EP}; every EP size under the nightly "
-                    f"profile): their GEMM shapes do not change with the EP size, the subject's own layers test EP"
-                    f"{subject.ep_size}")
+    _skip_unless_a_model_ep_size(subject)
     beyond = subject.caps.beyond_accumulation_limit(model.hidden, model.intermediate)
     if beyond:
         pytest.skip(f"{subject.spec} is not held to its recipe at {model.name} ({beyond}); "
@@ -166,9 +171,7 @@ def test_accumulation_limit(subject):
     limit = subject.caps.accumulation_limit
     if limit is None:
         pytest.skip(f"{subject.spec} declares no accumulation limit: every model geometry is held to its recipe")
-    sizes = model_ep_sizes()
-    if sizes is not None and subject.ep_size not in sizes:
-        pytest.skip(f"the accumulation limit is held at EP {sorted(sizes)}, as the model geometries ({ENV_MODEL_EP})")
+    _skip_unless_a_model_ep_size(subject)
     model = next((m for m in MODELS if max(m.hidden, m.intermediate) > limit[0] and not fits(m, subject.caps)), None)
     if model is None:
         pytest.skip(f"no model geometry beyond reduction length {limit[0]} fits {subject.spec}")
