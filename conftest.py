@@ -18,7 +18,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, settings
 
-from fixtures import arch, cuda_health, results
+from fixtures import arch, cuda_health, host_threads, results
 from fixtures.dist.inprocess import launched_by_torchrun
 from fixtures.dist.pool import close_all
 from fixtures.selection import ep_skip_reason, selected_ep_sizes, selected_impls
@@ -48,6 +48,7 @@ if os.environ.get("MOE_HYPOTHESIS_EXAMPLES"):  # budgeted runs (a lent GPU): few
 
 def pytest_configure(config):
     results.configure(config.getoption("--results-dir"))
+    host_threads.apply()  # on a GPU host: the cores the rank pools leave (fixtures.host_threads)
 
 
 def pytest_report_header(config):
@@ -61,7 +62,8 @@ def pytest_report_header(config):
         f"moe-conformance: impls={selected_impls(config)} ep={selected_ep_sizes(config)} "
         f"hypothesis-profile={settings._current_profile}",
         f"torch {torch.__version__} (cuda {torch.version.cuda}, {arch.describe()}), flashinfer-python {fi}, "
-        f"python {platform.python_version()}",
+        f"python {platform.python_version()}, this process's CPU threads {torch.get_num_threads()} "
+        f"of {os.cpu_count()} cores (fixtures.host_threads)",
         f"env: {env or '{}'}",
     ]
 

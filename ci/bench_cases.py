@@ -8,7 +8,8 @@ Nothing is timed here: the figures come from the per-case records (``cases-*.jso
 ``suites/conformance/test_generic.py::test_matches_reference`` writes for every drawn case, under the
 hypothesis profile the run used (``ci`` by default, as ``ci/test.sh``). Per implementation and EP size:
 cases, their summed wall time, cases per minute, layers built, and the split of case time into the
-ranks' build and forward, this process's wait for the ranks, the recipe oracle and the textbook oracle.
+ranks' build and forward, this process's wait for the ranks, the recipe oracle, the comparison of every rank's
+output, the systematic statistics, the textbook oracle, and the rest ("other").
 """
 from __future__ import annotations
 
@@ -23,8 +24,10 @@ from pathlib import Path
 from fixtures.results import case_records
 
 CHECK = "oracle+textbook"  # the records of test_matches_reference
+# This process's timed phases of a case; "other" is the rest of its wall time (results, small ops between)
+PROCESS_PHASES = ("run", "oracle", "compare", "systematic", "textbook")
 COLUMNS = ("impl", "EP", "cases", "case s", "cases/min", "layers built", "rank build %", "rank forward %",
-           "run wait %", "oracle %", "textbook %")
+           "run wait %", "oracle %", "compare %", "systematic %", "textbook %", "other %")
 
 
 def summarise(records) -> dict[tuple[str, int], dict]:
@@ -38,8 +41,9 @@ def summarise(records) -> dict[tuple[str, int], dict]:
         s["layers built"] += rec.layers_built
         s["rank build"] += rec.rank_seconds.get("build", 0.0)
         s["rank forward"] += sum(v for k, v in rec.rank_seconds.items() if k.endswith("forward"))
-        for kind in ("run", "oracle", "textbook"):
+        for kind in PROCESS_PHASES:
             s[kind] += rec.process_seconds.get(kind, 0.0)
+        s["other"] += max(0.0, rec.seconds - sum(rec.process_seconds.get(k, 0.0) for k in PROCESS_PHASES))
     return out
 
 
@@ -49,7 +53,7 @@ def table(summary: dict[tuple[str, int], dict]) -> str:
         total = s["case s"] or 1e-9
         cells = [impl, str(ep), str(int(s["cases"])), f"{s['case s']:.1f}", f"{60 * s['cases'] / total:.1f}",
                  str(int(s["layers built"]))]
-        cells += [f"{100 * s[k] / total:.0f}" for k in ("rank build", "rank forward", "run", "oracle", "textbook")]
+        cells += [f"{100 * s[k] / total:.0f}" for k in ("rank build", "rank forward", *PROCESS_PHASES, "other")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

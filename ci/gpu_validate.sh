@@ -5,6 +5,7 @@
 #   product    the user's command, exactly: bash ci/test.sh -m ${ARCH:-sm90} (set-up and JIT cache restore
 #              included), with its per-case records and a JUnit file in the log folder; wall time last
 #   bench      drawn cases per minute and the phase split, from the product run's records (ci/bench_cases.py)
+#   host       what idle rank pools cost this process's CPU work, per thread count (ci/bench_host_threads.py)
 #   calibrate  error distributions of each backend of $ARCH against its recipe (ci/calibrate.py)
 #   parallel   concurrent jobs sharing the GPU, one "name|pytest arguments" (or "name|python3 -m ...") a
 #              line in $PAR_JOBS; PAR_TIMEOUT bounds each; a line per job last
@@ -42,6 +43,10 @@ for phase in "$@"; do
     stamp bench | tee -a "$out/bench.log"
     python3 -m ci.bench_cases --from "$out/results" 2>&1 | tee -a "$out/bench.log"
     python3 -m ci.summarise_cases "$out/results" 2>&1 | tee -a "$out/bench.log" ;;
+  host)
+    stamp host | tee -a "$out/host.log"
+    timeout "${HOST_TIMEOUT:-240}" python3 -m ci.bench_host_threads --json "$out/host-threads.json" 2>&1 \
+      | grep -v "^\[" | tail -n 12 | tee -a "$out/host.log" ;;
   calibrate)
     for impl in $(python3 -m ci.backends "$arch"); do
       tag=$(echo "$impl" | tr -c 'a-z0-9_\n' '_')
