@@ -118,17 +118,23 @@ SYSTEMATIC_BF16 = Systematic(  # push_cake, BF16 pull: caught 0.1% uniform and 1
     gain_floor=2e-4, bias_floor=1e-4, expert_gain_floor=5e-3, rank_gain_floor=1e-3,
     reason=_H200 + "|gain - 1| <= 9.5e-5 (BF16 pull, 94 cases), <= 7.2e-5 (push_cake, 32); |bias| <= 1.2e-5; "
                    "rank gains within 3.3e-4")
-SYSTEMATIC_FP8_BLOCKWISE = Systematic(  # caught 0.1% (gain 1.0008) and 1% on one expert on the H200
-    gain_floor=5e-4, bias_floor=2e-4, expert_gain_floor=5e-3, rank_gain_floor=2e-3,
-    reason=_H200 + "|gain - 1| <= 4.2e-4 (78 cases); |bias| <= 1.5e-5; rank gains within 9.5e-4")
+# The FP8 pull kernels' clean gains sit about 1.3e-4 below 1 with a median robust standard error of 7.8e-5
+# (H200, fourth run: 83 and 80 calibration batches), so k = 6 (a t quantile of ~7.4 at 30-50 tokens) plus the
+# 5e-4 floor bounds |gain - 1| at about 1.1e-3: a 0.1% scale passed both on the H200 (product run); 0.3% is
+# the uniform resolution these bounds are held to.
+_FP8_PULL_ROBUST = ("; with robust standard errors (fourth run) the clean gains sit 1.3e-4 below 1, median "
+                    "standard error 7.8e-5: a 0.1% uniform scale passed, 0.3% is the declared resolution")
+SYSTEMATIC_FP8_BLOCKWISE = Systematic(  # 1% on one expert caught on the H200 (expert 0 gain 1.00985, se 3.9e-4)
+    gain_floor=5e-4, bias_floor=2e-4, expert_gain_floor=5e-3, rank_gain_floor=2e-3, resolution=(3e-3, 1e-2),
+    reason=_H200 + "|gain - 1| <= 4.2e-4 (78 cases); |bias| <= 1.5e-5; rank gains within 9.5e-4" + _FP8_PULL_ROBUST)
 SYSTEMATIC_FP8_PER_TENSOR = Systematic(
-    gain_floor=5e-4, bias_floor=2e-4, expert_gain_floor=5e-3, rank_gain_floor=8e-3, resolution=(1e-3, 5e-2),
+    gain_floor=5e-4, bias_floor=2e-4, expert_gain_floor=5e-3, rank_gain_floor=8e-3, resolution=(3e-3, 5e-2),
     reason=_H200 + "|gain - 1| <= 8.5e-4 (50 cases) and 1.8e-3 at 117 tokens of an H=128 layer, judged then with "
                    "element-wise standard errors: not absorbed into the floor, the robust ones must show whether "
                    "it is noise; rank gains up to 5.6e-3. One expert: a 1% routing weight goes through the static "
                    "FP8 scale of the FC2 input, whose 3-bit mantissa rounds most of it away token by token, so the "
                    "robust standard error cannot resolve it even against the exact recipe (CPU meta-suite); 5% it "
-                   "can (the H200 caught 1% only under element-wise standard errors)")
+                   "can (the H200 caught 1% only under element-wise standard errors)" + _FP8_PULL_ROBUST)
 SYSTEMATIC_PUSH_FP8 = Systematic(
     gain_floor=5e-4, bias_floor=2e-4, expert_gain_floor=5e-3, rank_gain_floor=5e-3, resolution=(1e-2, 5e-2),
     reason=_H200 + "|gain - 1| <= 5.1e-4 (2.7e-3 and 6e-3 with 1-2 tokens); its noise is high (F1), so a 0.1% "

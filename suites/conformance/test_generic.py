@@ -166,23 +166,27 @@ def test_model_geometry(subject, model, data, request):
 
 def test_accumulation_limit(subject):
     """Where a descriptor holds its kernel to the recipe only up to a GEMM reduction length (finding F12),
-    the first model geometry beyond it, one token a rank, seed 0, is held to that finding: it must still
-    miss the recipe's tolerance, or the limit is retired on purpose."""
+    every model geometry beyond it, one token a rank, seed 0, is held to that finding: at least one must still
+    miss the recipe's tolerance, or the limit is retired on purpose. (Every one, since the finding depends on
+    the data: under FlashInfer 0.7.4 DeepSeek-V3 came within the tolerance and Qwen3-30B-A3B did not.)"""
     limit = subject.caps.accumulation_limit
     if limit is None:
         pytest.skip(f"{subject.spec} declares no accumulation limit: every model geometry is held to its recipe")
     _skip_unless_a_model_ep_size(subject)
-    model = next((m for m in MODELS if max(m.hidden, m.intermediate) > limit[0] and not fits(m, subject.caps)), None)
-    if model is None:
+    models = [m for m in MODELS if max(m.hidden, m.intermediate) > limit[0] and not fits(m, subject.caps)]
+    if not models:
         pytest.skip(f"no model geometry beyond reduction length {limit[0]} fits {subject.spec}")
-    layer = model_layer(model, subject.caps, subject.ep_size, max_experts=8)
-    groups = (model.n_group, model.topk_group) if model.n_group and layer.num_experts % model.n_group == 0 else (None, None)
-    batch = BatchCase(tokens=(1,) * subject.ep_size, method=model.routing, n_group=groups[0], topk_group=groups[1],
-                      routed_scaling_factor=model.routed_scaling_factor)
-    try:
-        check_oracle(subject, Scenario(layer, (batch,), subject.ep_size, (model.name, "accumulation-limit")))
-        ok, observed = True, f"{model.name} within the recipe's tolerance"
-    except ConformanceFailure as err:
-        ok, observed = False, str(err).splitlines()[0]
+    seen = []
+    for model in models:
+        layer = model_layer(model, subject.caps, subject.ep_size, max_experts=8)
+        groups = (model.n_group, model.topk_group) if model.n_group and layer.num_experts % model.n_group == 0 else (None, None)
+        batch = BatchCase(tokens=(1,) * subject.ep_size, method=model.routing, n_group=groups[0], topk_group=groups[1],
+                          routed_scaling_factor=model.routed_scaling_factor)
+        try:
+            check_oracle(subject, Scenario(layer, (batch,), subject.ep_size, (model.name, "accumulation-limit")))
+            seen.append((True, f"{model.name} within the recipe's tolerance"))
+        except ConformanceFailure as err:
+            seen.append((False, str(err).splitlines()[0]))
     _, key, finding = limit
-    expect_finding(subject.spec, finding if finding.startswith("FINDING") else None, key, ok, observed)
+    expect_finding(subject.spec, finding if finding.startswith("FINDING") else None, key,
+                   all(ok for ok, _ in seen), " || ".join(text for _, text in seen))

@@ -63,7 +63,7 @@ def test_knob_classes_agree_with_their_promises():
 def test_an_accumulation_limit_names_a_declared_finding_and_bounds_the_drawn_layers():
     """A descriptor's accumulation limit (F12) points at a finding it declares. Under a FlashInfer version the
     finding applies to, the drawn layers stay within the limit and model geometries beyond it say why they are
-    not held to the recipe; under another (F12: not seen with 0.7.4), the kernel is held to its recipe at
+    not held to the recipe; under another (a version the finding is not declared for), the kernel is held to its recipe at
     every size."""
     from fixtures import findings
 
