@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
+import sys
 import time
 
 import torch
@@ -35,6 +37,14 @@ def metrics(out: torch.Tensor, ref: torch.Tensor, term_mag: torch.Tensor, tol) -
     verdict = compare(out, ref, term_mag, tol)
     return {"rel_l2": 0.0, "cosine": 1.0, "row_rel_max": 0.0, "row_mag_max": 0.0, "band_units_max": 0.0,
             **verdict.metrics, "ok": verdict.ok}
+
+
+def false_alarms(out: torch.Tensor, exp, bounds) -> tuple[int, list[str]]:
+    """How many systematic statistics the conformance check would judge on this clean batch, and those it
+    would fail (fixtures.checks.check_systematic's rule: k robust standard errors as a t quantile + floor)."""
+    found = systematic.estimates([out], exp.ref, exp.term_mag, exp.offsets, exp.terms, exp.ids)
+    alarms = [str(e) for e, kind in found if e.excess(bounds.k, systematic.floor_of(bounds, kind)) > 0]
+    return len(found), alarms
 
 
 def systematic_stats(out: torch.Tensor, exp) -> dict:
@@ -65,6 +75,8 @@ def main(argv=None) -> int:
                    for m in MODELS if not fits(m, impl.capabilities)]
     rng = random.Random(0)
     rows, started = [], time.monotonic()
+    # A run stopped by `timeout` still writes its summary and JSON for the batches it made
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         for layer in layers:
             w13, w2 = make_weights(layer)
@@ -77,10 +89,13 @@ def main(argv=None) -> int:
                 exp = oracle.expected(scenario, subject.recipe_for(scenario), oracle.oracle_device(subject),
                                       with_terms=True)[0]
                 got = torch.cat(run.outputs[0])
+                tol = impl.capabilities.effective_tolerance
                 row = {"layer": [layer.hidden, layer.intermediate, layer.num_experts, layer.top_k, layer.clamp_limit],
-                       "tokens": sum(tokens), "method": method,
-                       **metrics(got, exp.ref, exp.term_mag, impl.capabilities.effective_tolerance),
+                       "tokens": sum(tokens), "method": method, **metrics(got, exp.ref, exp.term_mag, tol),
                        **systematic_stats(got, exp)}
+                bounds = tol.systematic or impl.capabilities.recipe.tolerance.systematic  # bitwise: the recipe's
+                if bounds is not None:
+                    row["statistic_checks"], row["false_alarms"] = false_alarms(got, exp, bounds)
                 batch = make_batch(layer, scenario.batches[0], a.ep)
                 if batch.topk_ids.numel() <= 2048:
                     tb = textbook_for_recipe(batch.hidden_states, batch.topk_ids, batch.topk_weights, w13, w2,
@@ -88,12 +103,18 @@ def main(argv=None) -> int:
                     row["textbook_rel_l2"] = ((got.double() - tb).norm() / tb.norm()).item()
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+    except SystemExit:
+        print(f"stopped after {len(rows)} batches", flush=True)
     finally:
         close_all()
+    if not rows:
+        return 1
     keys = ("rel_l2", "row_rel_max", "row_mag_max", "band_units_max", "textbook_rel_l2")
     summary = {k: max(r.get(k, 0.0) for r in rows) for k in keys}
     summary["cosine_min"] = min(r["cosine"] for r in rows)
     summary["outside_tolerance"] = sum(not r["ok"] for r in rows)
+    summary["statistic_checks"] = sum(r.get("statistic_checks", 0) for r in rows)
+    summary["false_alarms"] = sum(len(r.get("false_alarms", ())) for r in rows)
     summary.update(impl=a.impl, ep=a.ep, batches=len(rows), seconds=round(time.monotonic() - started, 1))
     print("SUMMARY " + json.dumps(summary))
     if a.json:

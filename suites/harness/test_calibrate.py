@@ -1,0 +1,30 @@
+"""ci/calibrate.py counts the systematic statistics it judged and the false alarms among them, with the
+conformance check's own rule: none on a correct implementation, some on a 1% scale (on CPU, reference-ep
+computing the blockwise FP8 recipe)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ci import calibrate
+
+pytestmark = [pytest.mark.harness, pytest.mark.cpu]
+RECIPE_IMPL = "reference-ep[sm90_pull_fp8_blockwise]"
+
+
+def _summary(tmp_path, impl: str) -> dict:
+    out = tmp_path / "cal.json"
+    assert calibrate.main(["--impl", impl, "--batches", "6", "--tokens", "64", "--models", "0", "--json", str(out)]) == 0
+    return json.loads(out.read_text())["summary"]
+
+
+def test_a_correct_implementation_raises_no_false_alarm(tmp_path):
+    s = _summary(tmp_path, RECIPE_IMPL)
+    assert s["statistic_checks"] > 0, s
+    assert s["false_alarms"] == 0, s
+
+
+def test_a_one_percent_scale_is_counted_as_alarms(tmp_path):
+    s = _summary(tmp_path, f"faulty:scale_1e-2@{RECIPE_IMPL}")
+    assert s["statistic_checks"] > 0 and s["false_alarms"] > 0, s
