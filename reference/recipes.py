@@ -180,13 +180,14 @@ SM90_PUSH_FP8 = Recipe(
     fc2_in=Quant("fp8", block=(1, 128)), fc2_out_bf16=True, combine_wire=Quant("fp8", block=(1, 128)),
     combine_groups="owner_rank",
     tolerance=dataclasses.replace(
-        _FP8_KERNEL_TOL, rel_l2=0.06, cosine=0.998, row_rel_l2=0.08, row_floor=0.006, band_c=E4M3_FLIP_BAND,
-        reason="measured on the H200 (2026-11-29, docs/validation) against this recipe *without* the grouped "
-               "combine: rel-L2 0.013-0.040, worst token 0.054, worst element 14.3 band units. The grouped "
-               "combine (read from the source afterwards) predicts that gap to within 0.001-0.004 on every "
-               "K>1 batch (0.036 of 0.037); the K=1 batches, where grouping changes nothing, were 0.002-0.029 "
-               "off. Kept at 0.06 until re-measured against this recipe on hardware; FlashInfer's own "
-               "push-test contract is cos > 0.997, rel_rms < 0.10",
+        _FP8_KERNEL_TOL, rel_l2=0.03, cosine=0.9995, row_rel_l2=0.08, row_floor=0.006, band_c=E4M3_FLIP_BAND,
+        reason="re-measured on the H200 against this recipe, grouped combine included (2026-12-01, FlashInfer "
+               "0.7.4, docs/validation/2026-12-01-h200-run4-flashinfer-0.7.4.md: 28 product batches, the same "
+               "in the third run, and 90 calibration batches): rel-L2 <= 0.019 at >= 16 tokens, 0.0466 at 2 "
+               "tokens (masked_tail, K=2), 0.0224 at 4; worst token 0.054; worst element 12.3 band units. So "
+               "0.03 + (0.08 - 0.03) / sqrt(T) (Tolerance.global_bounds): 0.065 at 2 tokens, 0.036 at 64, "
+               "1.4x the worst seen or more (was 0.06, set before the grouped combine was modelled: F1); "
+               "FlashInfer's own push-test contract is cos > 0.997, rel_rms < 0.10",
         systematic=SYSTEMATIC_PUSH_FP8),
     source="catalogue §3.2 (1x128 act at the source, 128x128 weights in canonical order, silu(g)*u "
            "rounded to bf16 then 1x128 fp8, weight at the combine, fp8 combine wire); no clamp. FC1 and FC2 "
