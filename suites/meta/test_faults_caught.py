@@ -16,7 +16,7 @@ from ci import repro
 from fixtures import results
 from fixtures.checks import CHECKS, ConformanceFailure, run_checks
 from fixtures.impl import load
-from fixtures.impls.faulty import FAULTS, resolution_faults
+from fixtures.impls.faulty import FAULTS, SCALE_SIZE, resolution_faults
 from reference.recipes import ALL_RECIPES
 from fixtures.strategies import scenarios
 from fixtures.runner import Subject
@@ -83,21 +83,28 @@ def test_each_check_alone_catches_its_fault_and_reproduces_it(check, fault):
 FP8_RECIPES = ("sm90_pull_fp8_blockwise", "sm90_pull_fp8_per_tensor", "sm90_push_fp8")
 
 
+# Issue 12's list: uniform 0.1%, 0.3% and 1%, one rank 3% (and 1%: inside the FP8 recipes' relative-L2 bound of
+# 2%, above their rank-gain floors). Against the exact recipe every one of them is resolvable; one expert is
+# held at the recipe's declared resolution, since per_tensor's static FC2-input scale rounds a 1% routing weight
+# away token by token (its reason in reference/recipes.py).
+CPU_SYSTEMATIC_FAULTS = ("scale_1e-3", "scale_3e-3", "scale_1e-2", "one_rank_scale_3e-2", "one_rank_scale_1e-2")
+
+
 def _systematic_faults(recipe: str) -> tuple[str, ...]:
-    """The uniform and one-expert faults at the recipe's declared resolution, and one rank at 1% (inside the
-    FP8 recipes' relative-L2 bound of 2%, above their rank-gain floors)."""
-    return (*resolution_faults(ALL_RECIPES[recipe].tolerance.systematic), "one_rank_scale_1e-2")
+    """Issue 12's faults, and the uniform and one-expert faults at the recipe's declared resolution."""
+    return tuple(dict.fromkeys((*CPU_SYSTEMATIC_FAULTS, *resolution_faults(ALL_RECIPES[recipe].tolerance.systematic))))
 
 
 @pytest.mark.parametrize("recipe, fault", [(r, f) for r in FP8_RECIPES for f in _systematic_faults(r)])
 def test_systematic_faults_are_caught_under_each_fp8_recipe(fault, recipe):
-    """reference-ep computing an FP8 recipe, held to that recipe's tolerance (not bitwise): a uniform scale and
-    one expert's scale at the recipe's systematic resolution (0.1% and 1% where the H200 showed them
-    resolvable), and 1% on one rank, each fail the systematic check (the noise bounds let them pass)."""
+    """reference-ep computing an FP8 recipe, held to that recipe's tolerance (not bitwise): uniform scales of
+    0.1%, 0.3% and 1%, one rank at 3% and 1%, and one expert at the recipe's declared resolution each fail the
+    systematic check (the noise bounds let them pass)."""
     failure, examples = _search(fault, inner=f"reference-ep[{recipe}]")
-    # a 5% expert under a recipe of coarse resolution may also leave the noise bounds: either check is a catch
+    # a fault larger than the recipe's relative-L2 bound (5% on one expert, 3% on one rank) may leave the noise
+    # bounds first: either check is a catch; below that bound only the systematic check can see it
     caught_by = str(failure).split("]", 1)[0].lstrip("[")
-    wide = ALL_RECIPES[recipe].tolerance.systematic.resolution[1] > ALL_RECIPES[recipe].tolerance.rel_l2
+    wide = SCALE_SIZE[fault] > ALL_RECIPES[recipe].tolerance.rel_l2
     assert caught_by == "systematic" or (wide and caught_by == "oracle"), str(failure)[:300]
     print(f"{fault} under {recipe}: caught after {examples} example(s): {str(failure).splitlines()[0][-160:]}")
 
