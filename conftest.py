@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import platform
-import sys
 
 import pytest
 import torch
@@ -142,26 +141,6 @@ def pytest_terminal_summary(terminalreporter):
 
 def pytest_sessionfinish(session, exitstatus):
     close_all()
-    session.config.stash[_EXIT_STATUS] = int(exitstatus)
-
-
-_EXIT_STATUS = pytest.StashKey[int]()
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config):
-    """After everything is reported (summary, JUnit file, results), a process that used CUDA leaves with
-    pytest's own exit status, skipping the interpreter's teardown: on the H200 (2026-12-01, FlashInfer 0.7.4)
-    `pytest -m sm90` printed its summary and then died in that teardown with SIGSEGV (exit 139), so a green
-    run read red and a red one lost its status. Not under pytest-xdist (its workers report after this) and
-    not with MOE_CLEAN_EXIT=0 (to debug the teardown itself)."""
-    status = config.stash.get(_EXIT_STATUS, None)
-    if (status is None or os.environ.get("MOE_CLEAN_EXIT", "1") == "0" or "PYTEST_XDIST_WORKER" in os.environ
-            or not (torch.cuda.is_available() and torch.cuda.is_initialized())):
-        return
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        stream.flush()
-    os._exit(status)
 
 
 def subject_params(config) -> list:

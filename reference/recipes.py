@@ -61,6 +61,9 @@ class Recipe:
     accum: str = "fp32"
     combine_groups: str = "route"
     tolerance: Tolerance = BITWISE
+    # For an EP-dependent recipe: how far an implementation's output may move when the same problem is grouped
+    # over other EP ranks (EP-size invariance, relabeled experts at EP > 1). None: ``tolerance``.
+    regroup_tolerance: Tolerance | None = None
     source: str = ""
 
     def __post_init__(self):
@@ -189,6 +192,16 @@ SM90_PUSH_FP8 = Recipe(
                "1.4x the worst seen or more (was 0.06, set before the grouped combine was modelled: F1); "
                "FlashInfer's own push-test contract is cos > 0.997, rel_rms < 0.10",
         systematic=SYSTEMATIC_PUSH_FP8),
+    # Two outputs at different EP sizes differ by the recipe's own shift (its fp8 wire rounds each owner rank's
+    # partial sum: EPn against EP1 on CPU, 16- and 8-expert layers, 8 and 64 tokens, EP2/4/8: rel-L2 <= 0.0375,
+    # token <= 0.045, term-magnitude row <= 0.0056, <= 7 band units) plus each output's distance to its own
+    # recipe (H200, fourth run: rel-L2 <= 0.019 at >= 16 tokens, token <= 0.054, <= 12.3 band units): by the
+    # triangle inequality 0.076, 0.153, 31.6 units, rounded up. Provisional for the kernel: its EP > 1 needs a
+    # GPU per rank and has not run.
+    regroup_tolerance=dataclasses.replace(
+        _FP8_KERNEL_TOL, rel_l2=0.08, cosine=0.9968, row_rel_l2=0.16, row_floor=0.02, band_c=40.0, band_atol=2e-3,
+        reason="the grouped combine's own EP shift plus two kernel-to-recipe distances (triangle inequality)",
+        systematic=None),
     source="catalogue §3.2 (1x128 act at the source, 128x128 weights in canonical order, silu(g)*u "
            "rounded to bf16 then 1x128 fp8, weight at the combine, fp8 combine wire); no clamp. FC1 and FC2 "
            "outputs are bf16 tensors (h, y in src/a2a/sm90_push_a2a_ops.cu silu_mul_quant_grouped_kernel and "

@@ -1,6 +1,7 @@
 """An EP-dependent recipe through torch.distributed: reference.ep under the SM90 push kernel's recipe
 (combine grouped by owner rank) equals the oracle bit for bit at EP2 and EP4, and the grouping shows:
-the same global problem gives a different answer at EP1, by about one fp8 wire rounding."""
+the same global problem gives a different answer at EP1, by about one fp8 wire rounding (0.035 here: more
+than the kernel's own 0.03 bound, within the recipe's regroup tolerance)."""
 from __future__ import annotations
 
 import pytest
@@ -35,4 +36,4 @@ def test_reference_ep_matches_the_grouped_oracle_bitwise(ep):
 def test_the_grouped_recipe_depends_on_the_ep_size():
     """The same global batch (the random one: cross_rank's routing depends on the EP size itself)."""
     one, four = (expected(Scenario(LAYER, _scenario(ep).batches[:1], ep), SM90_PUSH_FP8)[0].ref for ep in (1, 4))
-    assert 0.005 < relative_l2(four, one) < SM90_PUSH_FP8.tolerance.rel_l2
+    assert 0.005 < relative_l2(four, one) < SM90_PUSH_FP8.regroup_tolerance.rel_l2
