@@ -26,6 +26,7 @@ from fixtures.dist.pool import close_all
 from fixtures.geometries import MODELS, fits, layer_pool, model_layer
 from fixtures.impl import load
 from fixtures.runner import Subject, run_scenario
+from fixtures.selection import ep_skip_reason
 from fixtures.problem import BatchCase, Scenario, make_batch, make_weights
 from reference.textbook import textbook_for_recipe
 
@@ -68,6 +69,10 @@ def main(argv=None) -> int:
     p.add_argument("--models", type=int, default=8, help="max experts for model geometries; 0 skips them")
     a = p.parse_args(argv)
     impl = load(a.impl)
+    why = ep_skip_reason(a.impl, impl.capabilities, a.ep)
+    if why:  # e.g. a JIT module that takes an hour of nvcc (F13): say so rather than start building it
+        print(f"SKIPPED {a.impl} at EP{a.ep}: {why}", flush=True)
+        return 2
     subject = Subject(a.impl, impl, a.ep)
     layers = layer_pool(impl.capabilities, a.ep)
     if a.models:

@@ -54,7 +54,7 @@ for phase in "$@"; do
       timeout "${CAL_TIMEOUT:-200}" python3 -m ci.calibrate --impl "$impl" --batches "${CAL_BATCHES:-12}" \
         --models "${CAL_MODELS:-8}" --json "$out/cal-$tag.json" >> "$out/calibrate.log" 2>&1 \
         || echo "calibrate $impl exited $?" | tee -a "$out/calibrate.log"
-      grep SUMMARY "$out/calibrate.log" | tail -1
+      grep -E "^(SUMMARY|SKIPPED)" "$out/calibrate.log" | tail -1
     done ;;
   parallel)
     [ -n "${PAR_JOBS:-}" ] || { echo "parallel: set PAR_JOBS to a job file"; exit 2; }

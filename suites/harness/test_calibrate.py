@@ -28,3 +28,8 @@ def test_a_correct_implementation_raises_no_false_alarm(tmp_path):
 def test_a_one_percent_scale_is_counted_as_alarms(tmp_path):
     s = _summary(tmp_path, f"faulty:scale_1e-2@{RECIPE_IMPL}")
     assert s["statistic_checks"] > 0 and s["false_alarms"] > 0, s
+
+
+def test_an_implementation_that_cannot_run_here_is_refused_with_its_reason(capsys):
+    assert calibrate.main(["--impl", "reference-ep", "--ep", "3"]) == 2
+    assert "does not support EP3" in capsys.readouterr().out
