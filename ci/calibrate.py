@@ -27,7 +27,7 @@ from fixtures.geometries import MODELS, fits, layer_pool, model_layer
 from fixtures.impl import load
 from fixtures.runner import Subject, run_scenario
 from fixtures.selection import ep_skip_reason
-from fixtures.problem import BatchCase, Scenario, make_batch, make_weights
+from fixtures.problem import BatchCase, Scenario, make_batch
 from reference.textbook import textbook_for_recipe
 
 METHODS = ("Renormalize", "DeepSeekV3", "Default", "Sigmoid", "SigmoidRenorm")
@@ -84,7 +84,8 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         for layer in layers:
-            w13, w2 = make_weights(layer)
+            device = oracle.oracle_device(subject)
+            w13, w2 = oracle.weights(layer, device)  # the textbook runs where the oracles do (a GPU: fp64 GEMMs)
             for n in range(max(1, a.batches // len(layers))):
                 method = "Llama4" if layer.top_k == 1 else rng.choice(METHODS)
                 tokens = (rng.randint(1, min(a.tokens, layer.capacity)),) * a.ep
@@ -104,7 +105,7 @@ def main(argv=None) -> int:
                 batch = make_batch(layer, scenario.batches[0], a.ep)
                 if batch.topk_ids.numel() <= 2048:
                     tb = textbook_for_recipe(batch.hidden_states, batch.topk_ids, batch.topk_weights, w13, w2,
-                                             subject.recipe_for(scenario))
+                                             subject.recipe_for(scenario), device=device).cpu()
                     row["textbook_rel_l2"] = ((got.double() - tb).norm() / tb.norm()).item()
                 rows.append(row)
                 print(json.dumps(row), flush=True)
