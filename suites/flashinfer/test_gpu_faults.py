@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from fixtures import results
-from fixtures.checks import ConformanceFailure, check_oracle
+from fixtures.checks import ConformanceFailure, check_oracle, repro_line
 from fixtures.flashinfer.descriptors import DESCRIPTORS
 from fixtures.geometries import wide_layer
 from fixtures.problem import BatchCase, LayerCase, Scenario
@@ -53,7 +53,7 @@ def test_fault_around_a_real_layer_is_caught(d, fault):
                     f"[value, robust standard error, tokens] {seen}; floors gain {bounds.gain_floor}, expert "
                     f"{bounds.expert_gain_floor}, k {bounds.k} (t quantile for the tokens); declared resolution "
                     f"{bounds.resolution}\n  scenario: {scenario.to_json()}\n  reproduce: "
-                    f"python -m ci.repro --impl {spec!r} --checks oracle --scenario '{scenario.to_json()}'")
+                    f"{repro_line(subject, scenario)}")
     line = f"GPU fault {fault} around {d.impl_name}: caught: {str(caught).splitlines()[0][:300]}"
     results.summary(line)
     print(line)
