@@ -4,7 +4,9 @@
 
 Declared rules, per (implementation, EP size) present in both runs:
 * a new failure: a (check, implementation, EP size) that failed in NEW and not in OLD (fixed ones are
-  listed too);
+  listed too); where a folder holds JUnit files (``junit*.xml``), a failure recorded inside a test that did
+  not fail is an expected one (a fault wrapper caught, a finding's xfail) and does not count, and a test
+  that fails in NEW and did not in OLD is a regression even if no failure record names it;
 * a shifted error distribution: the oracle's relative L2 per checked (batch, rank) is larger in NEW, by
   a one-sided Mann-Whitney U test at p < 1e-3 *and* a median at least 1.5x OLD's (plus 1e-6): run-to-run
   draws differ, a kernel that got worse moves the whole distribution;
@@ -27,7 +29,7 @@ from pathlib import Path
 
 from scipy.stats import mannwhitneyu
 
-from fixtures.results import case_records
+from fixtures.results import case_records, expected_by_its_test, junit_outcomes
 
 P_VALUE = 1e-3
 MEDIAN_RATIO = 1.5
@@ -47,7 +49,22 @@ def _errors(folder: Path) -> dict[tuple[str, int], list[float]]:
 
 
 def _failures(folder: Path) -> set[tuple[str, str, int]]:
-    return {(f["check"], f["impl"], f.get("ep", 0)) for f in _lines(folder, "failures")}
+    """The (check, implementation, EP size) of every failure record, except those a test expected: written in a
+    test whose JUnit outcome is not a failure (a fault wrapper the test demands be caught, a finding's xfail)."""
+    outcomes = junit_outcomes(folder)
+    return {(f["check"], f["impl"], f.get("ep", 0)) for f in _lines(folder, "failures")
+            if not expected_by_its_test(f, outcomes)}
+
+
+def failing_tests_report(old: Path, new: Path) -> tuple[bool, list[str]]:
+    """Tests that fail in NEW and did not in OLD (by the JUnit files of both; a test no failure record names,
+    e.g. a fault wrapper that was not caught, shows only here), and those fixed."""
+    a, b = junit_outcomes(old), junit_outcomes(new)
+    if not a or not b:
+        return False, []
+    new_fail = sorted(t for t, o in b.items() if o == "failed" and a.get(t) != "failed")
+    fixed = sorted(t for t, o in a.items() if o == "failed" and b.get(t) not in (None, "failed"))
+    return bool(new_fail), [f"REGRESSION new failing test: {t}" for t in new_fail] + [f"fixed test: {t}" for t in fixed]
 
 
 def _findings(folder: Path) -> set[tuple[str, str]]:
@@ -99,6 +116,9 @@ def compare(old: Path, new: Path) -> tuple[int, list[str]]:
         report.append(f"REGRESSION new failure: [{check}] {impl} at EP{ep}")
         regressed = True
     report += [f"fixed: [{c}] {i} at EP{e}" for c, i, e in sorted(failed_old - failed_new)]
+    failing, lines = failing_tests_report(old, new)
+    regressed |= failing
+    report += lines
     for key in common:
         a, b = errors_old[key], errors_new[key]
         if len(a) < 3 or len(b) < 3:

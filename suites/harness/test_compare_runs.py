@@ -122,3 +122,41 @@ def test_the_api_diff_is_reported_when_both_folders_hold_a_snapshot(tmp_path):
     assert lines[0] == f"FlashInfer API: {len(lines) - 1} differences" and len(lines) > 10, lines[:3]
     assert any("sm90_bf16_bf16_bf16_pull_cutedsl" in line for line in lines), "the new BF16 pull kernel is named"
     assert compare_runs.api_report(tmp_path / "a", tmp_path) == []  # one side without a snapshot: nothing
+
+
+def _junit(folder: Path, outcomes: dict[str, str]) -> None:
+    """A JUnit file as pytest writes it: outcome "passed", "failed" or "xfailed" per test of suites/m.py."""
+    cases = []
+    for name, outcome in outcomes.items():
+        inner = {"passed": "", "failed": '<failure message="x"/>',
+                 "xfailed": '<skipped type="pytest.xfail" message="F"/>'}[outcome]
+        cases.append(f'<testcase classname="suites.m" name="{name}" time="1">{inner}</testcase>')
+    (folder / "junit.xml").write_text(f'<testsuites><testsuite name="pytest">{"".join(cases)}</testsuite></testsuites>')
+
+
+def test_a_failure_its_test_expected_is_not_a_regression(tmp_path):
+    """H200, 2026-12-01: two real product runs differed in which fault wrappers the GPU fault tests caught, and
+    every catch (a failure record written inside a passing test) read as a new failure."""
+    import json
+
+    old, new = _folder(tmp_path / "a", [0.005] * 5), _folder(tmp_path / "b", [0.005] * 5)
+    caught = {"check": "systematic", "impl": "faulty:scale_1e-2@k", "ep": 1, "test": "suites/m.py::test_fault[k]"}
+    (new / "failures-main.jsonl").write_text(json.dumps(caught) + "\n")
+    _junit(old, {"test_fault[k]": "passed"})
+    _junit(new, {"test_fault[k]": "passed"})
+    code, lines = compare_runs.compare(old, new)
+    assert code == 0 and not any("REGRESSION" in line for line in lines), lines
+    _junit(new, {"test_fault[k]": "failed"})  # the same record in a test that failed: a regression
+    code, lines = compare_runs.compare(old, new)
+    assert code == 1 and "REGRESSION new failure: [systematic] faulty:scale_1e-2@k at EP1" in lines, lines
+
+
+def test_a_failing_test_without_a_failure_record_is_a_regression(tmp_path):
+    """A fault wrapper that was not caught fails its test with no failure record: the JUnit files show it."""
+    old, new = _folder(tmp_path / "a", [0.005] * 5), _folder(tmp_path / "b", [0.005] * 5)
+    _junit(old, {"test_fault[k]": "passed", "test_known[k]": "xfailed"})
+    _junit(new, {"test_fault[k]": "failed", "test_known[k]": "xfailed"})
+    code, lines = compare_runs.compare(old, new)
+    assert code == 1 and lines.count("REGRESSION new failing test: suites/m.py::test_fault[k]") == 1, lines
+    code, lines = compare_runs.compare(new, old)
+    assert code == 0 and "fixed test: suites/m.py::test_fault[k]" in lines, lines
