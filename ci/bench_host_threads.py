@@ -5,8 +5,8 @@
 It runs one case of the suite's wide layer (every rank busy) on the suite's rank pool, then, with the pool
 idle, measures:
   ranks' idle CPU  the CPU seconds the ranks used over a few idle seconds, in cores (1.0 = one core busy);
-  check seconds    the pytest process's per-case CPU work on that case's outputs (the oracle comparison of
-                   every rank and the systematic statistics, as fixtures.checks does them), median of the
+  check seconds    the pytest process's per-case work on that case's outputs (fixtures.checks' comparison of
+                   every rank and its systematic statistics, the functions the suite runs), median of the
                    repeats, at each thread count, with the pool idle and after it is closed.
 What it shows decides fixtures.host_threads: the thread count the suite's process keeps on a GPU host.
 """
@@ -21,14 +21,13 @@ from pathlib import Path
 
 import torch
 
-from fixtures import oracle, systematic
-from fixtures.compare import compare
+from fixtures import checks, oracle
 from fixtures.dist.pool import close_all, get_pool
 from fixtures.geometries import wide_layer
 from fixtures.host_threads import host_threads
 from fixtures.impl import load
 from fixtures.problem import BatchCase, Scenario
-from fixtures.runner import Subject, run_scenario
+from fixtures.runner import RunResult, Subject, run_scenario
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -51,26 +50,27 @@ def idle_cores(pids, seconds: float) -> float:
     return (cpu_seconds(pids) - before) / (time.monotonic() - started)
 
 
-def check_work(subject: Subject, scenario: Scenario, outputs, exps) -> float:
-    """The process's CPU-side check of one case (compare per rank and batch, then the statistics)."""
+def check_work(subject: Subject, scenario: Scenario, outputs) -> float:
+    """Seconds of the pytest process's check of one case's outputs, by the suite's own functions: the oracle
+    check's comparison of every rank and batch, then the systematic statistics (the oracle itself, made afresh
+    because the statistics release its per-route terms, is not timed)."""
+    with_terms = subject.caps.effective_tolerance.systematic is not None
+    run = RunResult(outputs, 0, expected=oracle.expected(scenario, subject.recipe_for(scenario),
+                                                         oracle.oracle_device(subject), with_terms=with_terms))
     started = time.perf_counter()
-    tol = subject.caps.effective_tolerance
-    for b, exp in enumerate(exps):
-        for r in range(subject.ep_size):
-            rows = slice(exp.offsets[r], exp.offsets[r + 1])
-            compare(outputs[b][r], exp.ref[rows], exp.term_mag[rows], tol, row_offset=exp.offsets[r])
-        systematic.estimates(outputs[b], exp.ref, exp.term_mag, exp.offsets, exp.terms, exp.ids)
-    if exps and exps[0].terms is not None and exps[0].terms.is_cuda:
+    checks.compare_outputs(subject, scenario, run)
+    checks.check_systematic(subject, scenario, run)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()
     return time.perf_counter() - started
 
 
-def timings(subject, scenario, outputs, exps, threads, repeats) -> dict[int, float]:
+def timings(subject, scenario, outputs, threads, repeats) -> dict[int, float]:
     out = {}
     for n in threads:
         torch.set_num_threads(n)
-        check_work(subject, scenario, outputs, exps)  # warm-up
-        out[n] = statistics.median(check_work(subject, scenario, outputs, exps) for _ in range(repeats))
+        check_work(subject, scenario, outputs)  # warm-up
+        out[n] = statistics.median(check_work(subject, scenario, outputs) for _ in range(repeats))
     return out
 
 
@@ -95,16 +95,14 @@ def main(argv=None) -> int:
               "suite_threads": host_threads(), "tokens_per_rank": tokens[0], "hidden": layer.hidden}
     try:
         run = run_scenario(subject, scenario)
-        exps = oracle.expected(scenario, subject.recipe_for(scenario), oracle.oracle_device(subject),
-                               with_terms=caps.effective_tolerance.systematic is not None)
         pool = get_pool(subject.pool_key)
         pids = [r.pid for r in pool.ranks.values()]
         report["ranks_idle_cores"] = round(idle_cores(pids, a.idle_seconds), 3)
         report["pool_idle_s"] = {n: round(s, 4) for n, s in
-                                 timings(subject, scenario, run.outputs, exps, threads, a.repeats).items()}
+                                 timings(subject, scenario, run.outputs, threads, a.repeats).items()}
         close_all()
         report["no_pool_s"] = {n: round(s, 4) for n, s in
-                               timings(subject, scenario, run.outputs, exps, threads, a.repeats).items()}
+                               timings(subject, scenario, run.outputs, threads, a.repeats).items()}
     finally:
         close_all()
         torch.set_num_threads(default)

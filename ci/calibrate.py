@@ -40,18 +40,9 @@ def metrics(out: torch.Tensor, ref: torch.Tensor, term_mag: torch.Tensor, tol) -
             **verdict.metrics, "ok": verdict.ok}
 
 
-def false_alarms(out: torch.Tensor, exp, bounds) -> tuple[int, list[str]]:
-    """How many systematic statistics the conformance check would judge on this clean batch, and those it
-    would fail (fixtures.checks.check_systematic's rule: k robust standard errors as a t quantile + floor)."""
-    found = systematic.estimates([out], exp.ref, exp.term_mag, exp.offsets, exp.terms, exp.ids)
-    alarms = [str(e) for e, kind in found if e.excess(bounds.k, systematic.floor_of(bounds, kind)) > 0]
-    return len(found), alarms
-
-
-def systematic_stats(out: torch.Tensor, exp) -> dict:
-    """The systematic statistics the conformance check computes (fixtures.systematic.estimates), each as
+def systematic_stats(found) -> dict:
+    """The systematic statistics the conformance check computes (``fixtures.systematic.estimates``), each as
     [value, robust standard error, tokens]: what calibrates the floors. Expert gains: the worst one."""
-    found = systematic.estimates([out], exp.ref, exp.term_mag, exp.offsets, exp.terms, exp.ids)
     stats = {e.what: e for e, kind in found if kind != "expert"}
     experts = [e for e, kind in found if kind == "expert"]
     if experts:
@@ -78,13 +69,15 @@ def main(argv=None) -> int:
     if a.models:
         layers += [model_layer(m, impl.capabilities, a.ep, max_experts=a.models)
                    for m in MODELS if not fits(m, impl.capabilities)]
+    tol = impl.capabilities.effective_tolerance
+    bounds = tol.systematic or impl.capabilities.recipe.tolerance.systematic  # a bitwise implementation: the recipe's
+    device = oracle.oracle_device(subject)
     rng = random.Random(0)
     rows, started = [], time.monotonic()
     # A run stopped by `timeout` still writes its summary and JSON for the batches it made
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         for layer in layers:
-            device = oracle.oracle_device(subject)
             w13, w2 = oracle.weights(layer, device)  # the textbook runs where the oracles do (a GPU: fp64 GEMMs)
             for n in range(max(1, a.batches // len(layers))):
                 method = "Llama4" if layer.top_k == 1 else rng.choice(METHODS)
@@ -92,16 +85,16 @@ def main(argv=None) -> int:
                 scenario = Scenario(layer, (BatchCase(tokens=tokens, seed=rng.randrange(2**31), method=method,
                                                       input_scale=rng.choice([1.0, 4.0])),), a.ep)
                 run = run_scenario(subject, scenario)
-                exp = oracle.expected(scenario, subject.recipe_for(scenario), oracle.oracle_device(subject),
-                                      with_terms=True)[0]
+                exp = oracle.expected(scenario, subject.recipe_for(scenario), device, with_terms=True)[0]
                 got = torch.cat(run.outputs[0])
-                tol = impl.capabilities.effective_tolerance
+                found = systematic.estimates([got], exp.ref, exp.term_mag, exp.offsets, exp.terms, exp.ids)
                 row = {"layer": [layer.hidden, layer.intermediate, layer.num_experts, layer.top_k, layer.clamp_limit],
                        "tokens": sum(tokens), "method": method, **metrics(got, exp.ref, exp.term_mag, tol),
-                       **systematic_stats(got, exp)}
-                bounds = tol.systematic or impl.capabilities.recipe.tolerance.systematic  # bitwise: the recipe's
-                if bounds is not None:
-                    row["statistic_checks"], row["false_alarms"] = false_alarms(got, exp, bounds)
+                       **systematic_stats(found)}
+                if bounds is not None:  # the conformance check's own rule: how many it judged, which it would fail
+                    judged = systematic.judge(found, bounds)
+                    row["statistic_checks"] = len(judged)
+                    row["false_alarms"] = [str(e) for e, _, excess in judged if excess > 0]
                 batch = make_batch(layer, scenario.batches[0], a.ep)
                 if batch.topk_ids.numel() <= 2048:
                     tb = textbook_for_recipe(batch.hidden_states, batch.topk_ids, batch.topk_weights, w13, w2,
