@@ -29,16 +29,11 @@ from pathlib import Path
 
 from scipy.stats import mannwhitneyu
 
-from fixtures.results import case_records, expected_by_its_test, junit_outcomes
+from fixtures.results import case_records, expected_by_its_test, junit_outcomes, latency_rows, records
 
 P_VALUE = 1e-3
 MEDIAN_RATIO = 1.5
 LATENCY_NOISE = 0.05  # the least relative growth of a median called a latency regression
-
-
-def _lines(folder: Path, kind: str) -> list[dict]:
-    return [json.loads(line) for f in sorted(folder.rglob(f"{kind}-*.jsonl"))
-            for line in f.read_text().splitlines() if line.strip()]
 
 
 def _errors(folder: Path) -> dict[tuple[str, int], list[float]]:
@@ -52,7 +47,7 @@ def _failures(folder: Path) -> set[tuple[str, str, int]]:
     """The (check, implementation, EP size) of every failure record, except those a test expected: written in a
     test whose JUnit outcome is not a failure (a fault wrapper the test demands be caught, a finding's xfail)."""
     outcomes = junit_outcomes(folder)
-    return {(f["check"], f["impl"], f.get("ep", 0)) for f in _lines(folder, "failures")
+    return {(f["check"], f["impl"], f.get("ep", 0)) for f in records(folder, "failures")
             if not expected_by_its_test(f, outcomes)}
 
 
@@ -68,12 +63,11 @@ def failing_tests_report(old: Path, new: Path) -> tuple[bool, list[str]]:
 
 
 def _findings(folder: Path) -> set[tuple[str, str]]:
-    return {(f["impl"], f["finding"]) for f in _lines(folder, "findings") if f.get("reproduced")}
+    return {(f["impl"], f["finding"]) for f in records(folder, "findings") if f.get("reproduced")}
 
 
 def _latency(folder: Path) -> dict[tuple[str, str, int], dict]:
-    path = folder / "latency.json"
-    rows = json.loads(path.read_text())["rows"] if path.exists() else []
+    rows = latency_rows(folder)
     return {(r["impl"], r["geometry"], r["tokens"]): r for r in rows if "median_ms" in r}
 
 

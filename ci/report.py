@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from ci import bench_cases, summarise_cases
-from fixtures.results import case_records, expected_by_its_test, junit_outcomes
+from fixtures.results import case_records, expected_by_its_test, junit_outcomes, latency_rows, records
 from reference.recipes import ALL_RECIPES
 
 # statistic of a metrics entry -> (label, the tolerance it is held to, from the recipe's Tolerance)
@@ -30,11 +30,6 @@ STATISTICS = {
 }
 
 
-def _lines(folder: Path, kind: str) -> list[dict]:
-    return [json.loads(line) for f in sorted(folder.rglob(f"{kind}-*.jsonl"))
-            for line in f.read_text().splitlines() if line.strip()]
-
-
 def outcomes(folder: Path) -> Counter:
     """JUnit outcomes over every junit*.xml of the folder (errors count as failed)."""
     return Counter(junit_outcomes(folder).values())
@@ -43,7 +38,7 @@ def outcomes(folder: Path) -> Counter:
 def findings_table(folder: Path) -> list[tuple[str, str, str, str]]:
     """(finding, implementation, state, observed): state 'reproduced', 'gone' (declared, not seen) or 'new'."""
     rows = {}
-    for r in _lines(folder, "findings"):
+    for r in records(folder, "findings"):
         state = ("reproduced" if r["reproduced"] else "gone") if r["declared"] else ("new" if r["reproduced"] else "")
         if state:
             rows[(r["finding"], r["impl"])] = (r["finding"], r["impl"], state, r["observed"][:200])
@@ -114,11 +109,6 @@ def plots(folder: Path, out: Path) -> list[Path]:
     return made
 
 
-def latency_rows(folder: Path) -> list[dict]:
-    path = folder / "latency.json"
-    return json.loads(path.read_text())["rows"] if path.exists() else []
-
-
 def markdown(folder: Path, images: list[Path]) -> str:
     env = json.loads((folder / "env.json").read_text()) if (folder / "env.json").exists() else {}
     counts = outcomes(folder)
@@ -141,10 +131,10 @@ def markdown(folder: Path, images: list[Path]) -> str:
         keys = list(lat[0])
         parts += ["## Latency", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
         parts += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in lat] + [""]
-    records, by_test = _lines(folder, "failures"), junit_outcomes(folder)
-    failures = [r for r in records if not expected_by_its_test(r, by_test)]
-    expected_note = (f"; {len(records) - len(failures)} more were expected by their tests (fault wrappers caught, "
-                     f"findings' xfails) and are not listed" if len(records) > len(failures) else "")
+    recorded, by_test = records(folder, "failures"), junit_outcomes(folder)
+    failures = [r for r in recorded if not expected_by_its_test(r, by_test)]
+    expected_note = (f"; {len(recorded) - len(failures)} more were expected by their tests (fault wrappers caught, "
+                     f"findings' xfails) and are not listed" if len(recorded) > len(failures) else "")
     parts += [f"## Failures ({len(failures)} records{expected_note})", ""]
     seen = set()
     for r in failures:
