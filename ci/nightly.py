@@ -4,13 +4,14 @@ the nightly hypothesis profile, into one results folder with a report people rea
     python -m ci.nightly [--out results/nightly-DATE] [--arch sm90] [--examples N] [--no-latency] [-- PYTEST ARGS]
 
 It detects the GPUs (count and arch) and runs, with ``bash ci/setup.sh``'s Python:
-  1. EP1: ``pytest -m ARCH --ep 1``, spread over one pytest-xdist worker per GPU (``--dist loadgroup``: each
-     rank pool's tests on one worker), each worker and its rank pools pinned to its GPU;
-  2. EP2/4/8: ``pytest -m ARCH --ep 2,4,8`` in one process that sees every GPU: a backend takes a GPU per
-     rank where there are enough and shares GPU 0 where it may and there are not (fixtures.placement; each
-     per-case record says which);
-  3. ``python -m ci.bench_latency`` (a GPU only), then ``python -m ci.report``.
-The folder holds ``junit-ep1.xml``, ``junit-ep2-8.xml``, the per-case records, ``env.json`` (versions, GPUs,
+  1. with one GPU (or none): ``pytest -m ARCH --ep 1,2,4,8`` in one process (``junit.xml``); with several,
+     EP1 (``pytest -m ARCH --ep 1``) spread over one pytest-xdist worker per GPU (``--dist loadgroup``: each
+     rank pool's tests on one worker), each worker and its rank pools pinned to its GPU (``junit-ep1.xml``),
+     then EP2/4/8 (``pytest -m "ARCH and ep" --ep 2,4,8``) in one process that sees every GPU
+     (``junit-ep2-8.xml``): a backend takes a GPU per rank where there are enough and shares GPU 0 where it
+     may and there are not (fixtures.placement; each per-case record says which);
+  2. ``python -m ci.bench_latency`` (a GPU only), then ``python -m ci.report``.
+The folder holds the JUnit files, the per-case records, ``env.json`` (versions, GPUs,
 driver, commit, each phase's wall time), ``api.json`` (the FlashInfer API snapshot, for ci.compare_runs),
 ``latency.json``, ``report.md``, ``report.html`` and ``plots/``. Exit 0 when every phase passed. ``--arch cpu``
 runs the CPU tier the same way (the job's own test).
@@ -68,15 +69,18 @@ def environment(devices: list[int]) -> dict:
 
 
 def phase_commands(python: str, arch: str, devices: list[int], out: Path, extra: list[str]) -> list[tuple[str, list, dict]]:
-    """(name, argv, extra environment) per pytest phase."""
-    marker = arch if arch != "cpu" else "cpu"
-    base = [python, "-m", "pytest", "-m", marker, "-p", "fixtures.progress", "-p", "no:cacheprovider",
-            "--results-dir", str(out), "-rsx"]
-    ep1, env1 = [*base, "--ep", "1", "--junitxml", str(out / "junit-ep1.xml")], {}
-    if len(devices) > 1:
-        ep1 += ["-n", str(len(devices)), "--dist", "loadgroup"]
-        env1 = {"MOE_PIN_WORKER_GPU": "1", "MOE_GPU_LIST": ",".join(map(str, devices))}
-    rest = [*base, "--ep", "2,4,8", "--junitxml", str(out / "junit-ep2-8.xml")]
+    """(name, argv, extra environment) per pytest phase. One GPU or none: one pytest process at every EP size
+    (its EP-invariance checks compare each EP size with EP1 of the same process). Several: EP1 spread over a
+    worker per GPU, then the EP > 1 cases only (``-m "ARCH and ep"``: the tests that take no EP size ran
+    in the first phase), whose EP-invariance checks skip saying EP1 ran in another process."""
+    base = [python, "-m", "pytest", "-p", "fixtures.progress", "-p", "no:cacheprovider", "--results-dir", str(out),
+            "-rsx"]
+    if len(devices) <= 1:
+        return [("all", [*base, "-m", arch, "--ep", "1,2,4,8", "--junitxml", str(out / "junit.xml"), *extra], {})]
+    ep1 = [*base, "-m", arch, "--ep", "1", "--junitxml", str(out / "junit-ep1.xml"),
+           "-n", str(len(devices)), "--dist", "loadgroup"]
+    env1 = {"MOE_PIN_WORKER_GPU": "1", "MOE_GPU_LIST": ",".join(map(str, devices))}
+    rest = [*base, "-m", f"{arch} and ep", "--ep", "2,4,8", "--junitxml", str(out / "junit-ep2-8.xml")]
     return [("ep1", [*ep1, *extra], env1), ("ep2-8", [*rest, *extra], {})]
 
 

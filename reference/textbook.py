@@ -37,19 +37,31 @@ def textbook_moe(
     x = hidden_states.to(device, torch.float64)
     ids = topk_ids.to(device).reshape(-1).long()
     weights = topk_weights.to(device, torch.float64).reshape(-1)
-    token = torch.arange(tokens, device=device).repeat_interleave(top_k)
     out = torch.zeros(tokens, w13.shape[2], dtype=torch.float64, device=device)
-    for e in torch.unique(ids[ids >= 0]).tolist():
-        routes = (ids == e).nonzero().squeeze(1)
+    # The routes sorted by expert, and each expert's count read once: one host sync a call, not two an
+    # expert (on a GPU each sync waits for every kernel before it).
+    # Masked slots (id -1) sort last, under a key one past the last expert, and are never read.
+    experts = w13.shape[0]
+    key = torch.where(ids >= 0, ids, experts)
+    order = torch.argsort(key, stable=True)
+    counts = torch.zeros(experts + 1, dtype=torch.long, device=device).scatter_add_(
+        0, key, torch.ones_like(key))[:experts].tolist()
+    start = 0
+    for e, n in enumerate(counts):
+        routes = order[start:start + n]
+        start += n
+        if not n:
+            continue
+        rows = routes // top_k
         w = weights[routes, None]
-        xs = x[token[routes]] * w if weight_on_input else x[token[routes]]
+        xs = x[rows] * w if weight_on_input else x[rows]
         h = xs @ w13[e].to(device, torch.float64).t()
         gate, up = h[:, :inter], h[:, inter:]
         if clamp_limit is not None:
             gate = gate.clamp(-math.inf if clamp_style == "gate_upper" else -clamp_limit, clamp_limit)
             up = up.clamp(-clamp_limit, clamp_limit)
         y = (up * _silu(gate)) @ w2[e].to(device, torch.float64).t()
-        out.index_add_(0, token[routes], y if weight_on_input else w * y)
+        out.index_add_(0, rows, y if weight_on_input else w * y)
     return out
 
 

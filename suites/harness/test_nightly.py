@@ -24,24 +24,30 @@ def test_a_cpu_nightly_writes_the_whole_folder(tmp_path):
                            "--impl", "reference-ep"], cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[progress] reference-ep EP1" in done.stdout and "[progress] reference-ep EP8" in done.stdout, done.stdout
-    for name in ("junit-ep1.xml", "junit-ep2-8.xml", "env.json", "report.md", "report.html", "plots/rel_l2.png"):
+    for name in ("junit.xml", "env.json", "report.md", "report.html", "plots/rel_l2.png"):
         assert (out / name).exists(), f"{name} missing: {sorted(p.name for p in out.rglob('*'))}"
     assert list(out.glob("cases-*.jsonl")), "no per-case records"
     env = json.loads((out / "env.json").read_text())
-    assert env["arch"] == "cpu" and set(env["phases"]) == {"ep1", "ep2-8"} and env["commit"]
+    assert env["arch"] == "cpu" and set(env["phases"]) == {"all"} and env["commit"]
     text = (out / "report.md").read_text()
     assert "reference-ep | 8 |" in text and "cpu" in text  # per EP size, and where the ranks were placed
 
 
-@pytest.mark.parametrize("count", [1, 2, 8])
+def test_one_gpu_runs_every_ep_size_in_one_process(tmp_path):
+    """One process at every EP size: the EP-invariance checks find EP1's output of the same problem."""
+    [(name, cmd, env)] = nightly.phase_commands("python", "sm90", [0], tmp_path, ["-x"])
+    assert cmd[cmd.index("--ep") + 1] == "1,2,4,8" and cmd[cmd.index("-m", 3) + 1] == "sm90"
+    assert "-n" not in cmd and not env and cmd[-1] == "-x" and name == "all"
+
+
+@pytest.mark.parametrize("count", [2, 8])
 def test_ep1_spreads_over_one_worker_per_gpu(count, tmp_path):
     (name1, ep1, env1), (name2, rest, env2) = nightly.phase_commands("python", "sm90", list(range(count)), tmp_path, [])
     assert ep1[ep1.index("--ep") + 1] == "1" and rest[rest.index("--ep") + 1] == "2,4,8" and not env2
-    if count == 1:
-        assert "-n" not in ep1 and not env1
-    else:
-        assert ep1[ep1.index("-n") + 1] == str(count) and "loadgroup" in ep1
-        assert env1 == {"MOE_PIN_WORKER_GPU": "1", "MOE_GPU_LIST": ",".join(map(str, range(count)))}
+    assert ep1[ep1.index("-n") + 1] == str(count) and "loadgroup" in ep1
+    assert env1 == {"MOE_PIN_WORKER_GPU": "1", "MOE_GPU_LIST": ",".join(map(str, range(count)))}
+    # the second phase runs only the EP > 1 cases: the tests that take no EP size ran in the first
+    assert rest[rest.index("-m", 3) + 1] == "sm90 and ep"
 
 
 def test_a_worker_sees_only_its_gpu():

@@ -129,3 +129,15 @@ def test_closing_a_pool_leaves_no_process_behind():
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_ranks_run_below_the_pytest_process_priority():
+    """Idle GPU ranks poll a core each; below the pytest process's priority they leave its checks the CPU."""
+    from fixtures.dist.worker import RANK_NICE
+
+    subject, scenario = _subject(2), _scenario(2)
+    check_oracle(subject, scenario)
+    pool = get_pool(subject.pool_key)
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    niceness = {rank: os.getpriority(os.PRIO_PROCESS, r.pid) for rank, r in pool.ranks.items()}
+    assert RANK_NICE > 0 and niceness == {rank: min(19, ours + RANK_NICE) for rank in pool.ranks}, niceness
