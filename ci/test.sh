@@ -9,6 +9,10 @@ cd "$(dirname "$0")/.."
 py="$(bash ci/setup.sh)"
 export MOE_HYPOTHESIS_PROFILE="${MOE_HYPOTHESIS_PROFILE:-ci}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# The ini and rootdir named: pytest looks for them from its path arguments, and a results folder that
+# already exists outside the checkout (--results-dir /tmp/run) would be taken for one, leaving the suite's
+# options unregistered ("unrecognized arguments: --results-dir", H200, 2026-12-01, ci.nightly).
+where=(--rootdir "$PWD" -c "$PWD/pytest.ini")
 spread=()
 if [ "${MOE_WORKERS:-0}" != 0 ] && ! [[ " $* " =~ " -n"|" --numprocesses"|"no:xdist" ]] \
    && "$py" -c 'import sys, torch, xdist; sys.exit(0 if torch.cuda.device_count() else 1)' 2>/dev/null; then
@@ -16,6 +20,6 @@ if [ "${MOE_WORKERS:-0}" != 0 ] && ! [[ " $* " =~ " -n"|" --numprocesses"|"no:xd
   # (H200, 2026-12-01: every replacement died on "unrecognized arguments: --results-dir"): name the
   # options plugin, the ini and the rootdir explicitly.
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-  spread=(-n "$MOE_WORKERS" --dist loadgroup -p fixtures.options --rootdir "$PWD" -c "$PWD/pytest.ini")
+  spread=(-n "$MOE_WORKERS" --dist loadgroup -p fixtures.options)
 fi
-exec "$py" -m pytest "${spread[@]}" "$@"
+exec "$py" -m pytest "${where[@]}" "${spread[@]}" "$@"

@@ -58,8 +58,8 @@ def has_gpu(python: Path) -> bool:
 
 
 def run_cases(python: Path, arch: str, results: Path) -> None:
-    subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", arch,
-                    "--results-dir", str(results)], cwd=ROOT, env=_env())
+    subprocess.run([str(python), "-m", "pytest", "--rootdir", str(ROOT), "-c", str(ROOT / "pytest.ini"), "-q",
+                    "-p", "no:cacheprovider", "-m", arch, "--results-dir", str(results)], cwd=ROOT, env=_env())
 
 
 def main(argv=None) -> int:
