@@ -30,6 +30,11 @@ STATISTICS = {
 }
 
 
+# pytest's exit codes beyond pass (0), failed tests (1) and nothing collected (5); 124: the phase's timeout
+EXIT_MEANING = {2: "interrupted", 3: "internal error", 4: "pytest usage error: no test ran", 124: "timed out",
+                139: "segmentation fault"}
+
+
 def outcomes(folder: Path) -> Counter:
     """JUnit outcomes over every junit*.xml of the folder (errors count as failed)."""
     return Counter(junit_outcomes(folder).values())
@@ -116,6 +121,10 @@ def markdown(folder: Path, images: list[Path]) -> str:
     if env:
         parts += ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in env.items()] + [""]
     parts += ["## Outcome", "", ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no JUnit file", ""]
+    # A phase that failed outright (a usage error, a crash, a timeout) says so first: a report of no tests is no pass
+    broken = {name: ph.get("exit") for name, ph in (env or {}).get("phases", {}).items() if ph.get("exit") not in (0, 1, 5)}
+    parts += [f"**FAILED: phase {name} exited {code}** ({EXIT_MEANING.get(code, 'see nightly.log')})"
+              for name, code in broken.items()] + ([""] if broken else [])
     placements = {(rec.impl, rec.ep): rec.placement for rec in case_records(folder) if rec.placement}
     parts += ["## Per backend and EP size", "", summarise_cases.markdown(summarise_cases.summarise(case_records(folder))),
               "", bench_cases.table(bench_cases.summarise(case_records(folder))), ""]

@@ -38,6 +38,16 @@ def test_the_report_says_what_ran_and_what_failed(folder):
     assert "python -m ci.repro" in text  # failures come with their reproduction
 
 
+def test_a_phase_that_ran_no_test_is_a_failure_on_the_first_lines(tmp_path):
+    """The H200 nightly's first run: pytest refused its arguments (exit 4) and the report read 'no JUnit file'."""
+    (tmp_path / "env.json").write_text(json.dumps({"phases": {"all": {"exit": 4, "seconds": 1.3},
+                                                             "latency": {"exit": 0, "seconds": 91.4}}}))
+    report.write(tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "**FAILED: phase all exited 4** (pytest usage error: no test ran)" in text
+    assert "phase latency" not in text
+
+
 def test_the_report_draws_each_distribution_against_its_tolerance(folder):
     for name in ("rel_l2", "row_rel_max", "band_units_max", "gain", "cases_per_minute"):
         png = folder / "plots" / f"{name}.png"
