@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from collections import defaultdict
@@ -79,9 +80,6 @@ def _latency(folder: Path) -> dict[tuple[str, str, int], dict]:
 
 
 def latency_report(old: Path, new: Path) -> tuple[bool, list[str]]:
-    import math
-    from collections import defaultdict
-
     a, b = _latency(old), _latency(new)
     lines, regressed, logs = [], False, defaultdict(list)
     for key in sorted(a.keys() & b.keys()):

@@ -30,7 +30,8 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from ci import ROOT, pytest_argv
+
 
 
 def gpus(arch: str) -> list[int]:
@@ -73,10 +74,8 @@ def phase_commands(python: str, arch: str, devices: list[int], out: Path, extra:
     (its EP-invariance checks compare each EP size with EP1 of the same process). Several: EP1 spread over a
     worker per GPU, then the EP > 1 cases only (``-m "ARCH and ep"``: the tests that take no EP size ran
     in the first phase), whose EP-invariance checks skip saying EP1 ran in another process."""
-    # The ini and rootdir named: an existing results folder outside the checkout is otherwise taken for the
-    # path pytest finds its ini from, and the suite's options go unregistered (H200, 2026-12-01).
-    base = [python, "-m", "pytest", "--rootdir", str(ROOT), "-c", str(ROOT / "pytest.ini"), "-p", "fixtures.progress",
-            "-p", "no:cacheprovider", "--results-dir", str(out), "-rsx"]
+    base = [*pytest_argv(python), "-p", "fixtures.progress", "-p", "no:cacheprovider", "--results-dir", str(out),
+            "-rsx"]
     if len(devices) <= 1:
         return [("all", [*base, "-m", arch, "--ep", "1,2,4,8", "--junitxml", str(out / "junit.xml"), *extra], {})]
     ep1 = [*base, "-m", arch, "--ep", "1", "--junitxml", str(out / "junit-ep1.xml"),

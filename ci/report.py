@@ -122,7 +122,7 @@ def markdown(folder: Path, images: list[Path]) -> str:
         parts += ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in env.items()] + [""]
     parts += ["## Outcome", "", ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no JUnit file", ""]
     # A phase that failed outright (a usage error, a crash, a timeout) says so first: a report of no tests is no pass
-    broken = {name: ph.get("exit") for name, ph in (env or {}).get("phases", {}).items() if ph.get("exit") not in (0, 1, 5)}
+    broken = {name: ph.get("exit") for name, ph in env.get("phases", {}).items() if ph.get("exit") not in (0, 1, 5)}
     parts += [f"**FAILED: phase {name} exited {code}** ({EXIT_MEANING.get(code, 'see nightly.log')})"
               for name, code in broken.items()] + ([""] if broken else [])
     placements = {(rec.impl, rec.ep): rec.placement for rec in case_records(folder) if rec.placement}

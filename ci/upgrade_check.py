@@ -19,9 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ci import api_diff, compare_runs
-
-ROOT = Path(__file__).resolve().parents[1]
+from ci import ROOT, api_diff, compare_runs, pytest_argv
 
 
 def environment(spec: str, workdir: Path) -> Path:
@@ -58,8 +56,8 @@ def has_gpu(python: Path) -> bool:
 
 
 def run_cases(python: Path, arch: str, results: Path) -> None:
-    subprocess.run([str(python), "-m", "pytest", "--rootdir", str(ROOT), "-c", str(ROOT / "pytest.ini"), "-q",
-                    "-p", "no:cacheprovider", "-m", arch, "--results-dir", str(results)], cwd=ROOT, env=_env())
+    subprocess.run([*pytest_argv(python), "-q", "-p", "no:cacheprovider", "-m", arch, "--results-dir", str(results)],
+                   cwd=ROOT, env=_env())
 
 
 def main(argv=None) -> int:
