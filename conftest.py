@@ -65,7 +65,20 @@ def pytest_report_header(config):
         f"python {platform.python_version()}, this process's CPU threads {torch.get_num_threads()} "
         f"of {os.cpu_count()} cores (fixtures.host_threads)",
         f"env: {env or '{}'}",
-    ]
+    ] + _interleave_line()
+
+
+def _interleave_line() -> list[str]:
+    """Which weight interleave the FP8 x FP4 pull kernels get here (F13), where the installed FlashInfer has them."""
+    try:
+        from fixtures.flashinfer.descriptors import DESCRIPTORS
+    except Exception:  # noqa: BLE001 (no FlashInfer: nothing to say)
+        return []
+    if not any(d.jit_prerequisites for d in DESCRIPTORS):
+        return []
+    from fixtures.flashinfer import interleave
+
+    return [interleave.describe()]
 
 
 def _pool_subject(item):

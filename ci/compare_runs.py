@@ -17,6 +17,8 @@ Declared rules, per (implementation, EP size) present in both runs:
   rows are listed, never a regression;
 * the FlashInfer API snapshot diff (both folders hold ``api.json``, ci.snapshot_flashinfer_api): reported,
   not a regression by itself (an upgrade changes the API on purpose; its tests judge the changes).
+Last, a side-by-side table per (implementation, EP size): error quantiles, bitwise-equal outputs of the same
+cases (the records' output digests), median case time; informational.
 Incomparable: either folder holds neither per-case records nor failures, or the two share no
 (implementation, EP size). A run whose every case failed is compared by its failures.
 """
@@ -110,6 +112,49 @@ def api_report(old: Path, new: Path) -> list[str]:
     return [f"FlashInfer API: {len(lines)} differences"] + [f"  {line}" for line in lines]
 
 
+def _outputs(folder: Path) -> dict[tuple[str, int], dict]:
+    """(implementation, EP size) -> {(check, scenario, batch, rank): output digest} and the case seconds: what
+    side_by_side matches across runs (a scenario is the same case where its JSON is, hypothesis derandomized)."""
+    out = defaultdict(lambda: {"digests": {}, "seconds": []})
+    for rec in case_records(folder):
+        slot = out[(rec.impl, rec.ep)]
+        slot["seconds"].append(rec.seconds)
+        for m in rec.metrics:
+            if "digest" in m:
+                slot["digests"][(rec.check, rec.scenario, m["batch"], m["rank"])] = m["digest"]
+    return out
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def side_by_side(old: Path, new: Path) -> list[str]:
+    """A table per (implementation, EP size) in both runs: the oracle's relative L2 (median, p99, max), how many
+    of the same (case, batch, rank) outputs are bitwise equal, and the median case time. Informational: the
+    regression rules are the ones above (case times include layer builds and shrinking, so they are no latency
+    figure; ci.bench_latency is)."""
+    errors_old, errors_new = _errors(old), _errors(new)
+    outs_old, outs_new = _outputs(old), _outputs(new)
+    lines = ["| implementation | EP | checks | rel-L2 median | rel-L2 p99 | rel-L2 max | bitwise-equal outputs | "
+             "median case s |", "|---|---|---|---|---|---|---|---|"]
+    for key in sorted(errors_old.keys() & errors_new.keys()):
+        a, b = errors_old[key], errors_new[key]
+        if not a or not b:
+            continue
+        da, db = outs_old[key]["digests"], outs_new[key]["digests"]
+        shared = da.keys() & db.keys()
+        equal = sum(da[k] == db[k] for k in shared)
+        bits = f"{equal} of {len(shared)}" if shared else "no output digests in both"
+        ta, tb = outs_old[key]["seconds"], outs_new[key]["seconds"]
+        lines.append(
+            f"| {key[0]} | {key[1]} | {len(a)} / {len(b)} | {statistics.median(a):.3g} / {statistics.median(b):.3g} | "
+            f"{_quantile(a, 0.99):.3g} / {_quantile(b, 0.99):.3g} | {max(a):.3g} / {max(b):.3g} | {bits} | "
+            f"{statistics.median(ta):.3g} / {statistics.median(tb):.3g} |")
+    return ["side by side (OLD / NEW):"] + lines if len(lines) > 2 else []
+
+
 def compare(old: Path, new: Path) -> tuple[int, list[str]]:
     """(exit code, report lines)."""
     errors_old, errors_new = _errors(old), _errors(new)
@@ -148,7 +193,7 @@ def compare(old: Path, new: Path) -> tuple[int, list[str]]:
     report += [f"finding vanished: {key} on {impl}" for impl, key in sorted(found_old - found_new)]
     slower, lines = latency_report(old, new)
     regressed |= slower
-    report += lines + api_report(old, new)
+    report += lines + api_report(old, new) + side_by_side(old, new)
     return (1 if regressed else 0), report
 
 

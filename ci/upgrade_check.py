@@ -3,10 +3,13 @@ on both, one verdict.
 
     python -m ci.upgrade_check 0.7.2.post1 0.7.4             # versions (or wheel paths) to install
     python -m ci.upgrade_check .venv-fi-0.7.2.post1 .venv    # existing environments (a folder with bin/python)
+    python -m ci.upgrade_check ~/gpu-site-fi072 ~/gpu-site -- suites/conformance -k matches_reference
+        # `pip --target` folders holding FlashInfer (../shared/gpu's bundles), pytest arguments after --
 
 For each side it makes (or reuses) an environment (torch 2.13.0 first, then the suite's test extras, then
 the FlashInfer spec), snapshots FlashInfer's MegaMoE API, and, where a GPU is present, runs the same
-derandomized cases (the ci profile) of `-m ARCH` with a results folder. It prints the API diff
+derandomized cases (the ci profile) of `-m ARCH` on the implementations both versions register, with a results
+folder and a JUnit file each. It prints the API diff
 (ci/api_diff.py) and, for GPU runs, ci/compare_runs.py's verdict. Exit: compare_runs's code on a GPU, else
 0 when the API is unchanged and 1 when it changed (a changed API is for review, not necessarily a fault).
 """
@@ -17,16 +20,32 @@ import json
 import os
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ci import ROOT, api_diff, compare_runs, pytest_argv
 
 
-def environment(spec: str, workdir: Path) -> Path:
-    """The python of an environment with FlashInfer ``spec`` (a version, a wheel path or an existing venv)."""
-    given = Path(spec)
+@dataclass(frozen=True)
+class Side:
+    """One FlashInfer version to check: the python that runs it and what goes in front of its import path."""
+    python: Path
+    site: str = ""  # a `pip --target` folder with FlashInfer (the GPU bundle's overlays), or ""
+
+    def env(self) -> dict:
+        path = [p for p in (self.site, str(ROOT), os.environ.get("PYTHONPATH", "")) if p]
+        return {**os.environ, "PYTHONPATH": os.pathsep.join(path), "MOE_HYPOTHESIS_PROFILE": "ci"}
+
+
+def environment(spec: str, workdir: Path) -> Side:
+    """The side for FlashInfer ``spec``: a version or a wheel (installed into a venv of its own), an existing venv
+    (a folder with bin/python), or a `pip --target` folder holding FlashInfer (run by this python, in front)."""
+    given = Path(spec).expanduser()
     if (given / "bin" / "python").exists():
-        return given / "bin" / "python"
+        return Side(given / "bin" / "python")
+    if (given / "flashinfer" / "__init__.py").exists():
+        return Side(Path(sys.executable), str(given))
     name = given.name if given.suffix == ".whl" else spec
     venv = workdir / f"venv-{name}"
     python = venv / "bin" / "python"
@@ -37,27 +56,41 @@ def environment(spec: str, workdir: Path) -> Path:
         package = str(given) if given.suffix == ".whl" else f"flashinfer-python=={spec}"
         subprocess.run(pip + ["-e", f"{ROOT}[test]", package], check=True)
         (venv / ".moe-installed").touch()
-    return python
+    return Side(python)
 
 
-def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "MOE_HYPOTHESIS_PROFILE": "ci"}
+def _output(side: Side, *module_args: str) -> str:
+    return subprocess.run([str(side.python), "-m", *module_args], cwd=ROOT, env=side.env(),
+                          capture_output=True, text=True, check=True).stdout
 
 
-def snapshot(python: Path) -> dict:
-    out = subprocess.run([str(python), "-m", "ci.snapshot_flashinfer_api"], cwd=ROOT, env=_env(),
-                         capture_output=True, text=True, check=True).stdout
+def snapshot(side: Side) -> dict:
+    out = _output(side, "ci.snapshot_flashinfer_api")
     return json.loads(out[out.index("{"):])
 
 
-def has_gpu(python: Path) -> bool:
+def has_gpu(side: Side) -> bool:
     probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
-    return subprocess.run([str(python), "-c", probe], env=_env()).returncode == 0
+    return subprocess.run([str(side.python), "-c", probe], env=side.env()).returncode == 0
 
 
-def run_cases(python: Path, arch: str, results: Path) -> None:
-    subprocess.run([*pytest_argv(python), "-q", "-p", "no:cacheprovider", "-m", arch, "--results-dir", str(results)],
-                   cwd=ROOT, env=_env())
+def common_specs(sides: list[Side], arch: str) -> list[str]:
+    """The implementations of ``arch`` that every side registers (an upgrade's new kernels have no OLD to compare
+    with), in NEW's order."""
+    listed = [_output(side, "ci.backends", arch).split() for side in sides]
+    return [spec for spec in listed[-1] if all(spec in names for names in listed)]
+
+
+def run_cases(side: Side, arch: str, specs: list[str], results: Path, pytest_args: list[str]) -> int:
+    """The same derandomized cases on one side (the ci profile): `-m ARCH` on the specs both sides have."""
+    (results / "api.json").parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    code = subprocess.run([*pytest_argv(side.python), "-q", "-p", "no:cacheprovider", "-m", arch,
+                           "--impl", ",".join(specs), "--results-dir", str(results),
+                           "--junitxml", str(results / "junit.xml"), *pytest_args],
+                          cwd=ROOT, env=side.env()).returncode
+    print(f"pytest exit {code} after {time.monotonic() - started:.0f} s", flush=True)
+    return code
 
 
 def main(argv=None) -> int:
@@ -66,20 +99,27 @@ def main(argv=None) -> int:
     p.add_argument("new")
     p.add_argument("--arch", default="sm90", help="the arch marker whose cases run on a GPU")
     p.add_argument("--workdir", type=Path, default=ROOT / "results" / "upgrade")
+    p.add_argument("pytest_args", nargs=argparse.REMAINDER,
+                   help="after --: pytest arguments for both sides' runs (e.g. -- suites/conformance -k matches)")
     a = p.parse_args(argv)
+    extra = a.pytest_args[1:] if a.pytest_args[:1] == ["--"] else a.pytest_args
     a.workdir.mkdir(parents=True, exist_ok=True)
-    pythons = {side: environment(spec, a.workdir) for side, spec in (("old", a.old), ("new", a.new))}
-    snaps = {side: snapshot(py) for side, py in pythons.items()}
+    sides = {name: environment(spec, a.workdir) for name, spec in (("old", a.old), ("new", a.new))}
+    snaps = {name: snapshot(side) for name, side in sides.items()}
     lines = api_diff.diff(snaps["old"], snaps["new"])
     print(f"API: flashinfer-python {snaps['old']['flashinfer_version']} -> {snaps['new']['flashinfer_version']}: "
           f"{len(lines)} difference(s)")
     print("\n".join(lines))
-    if not all(has_gpu(py) for py in pythons.values()):
+    if not all(has_gpu(side) for side in sides.values()):
         print("no GPU: the API comparison only (run it on a GPU host for the cases)")
         return 1 if lines else 0
-    folders = {side: a.workdir / f"results-{side}" for side in pythons}
-    for side, py in pythons.items():
-        run_cases(py, a.arch, folders[side])
+    specs = common_specs(list(sides.values()), a.arch)
+    print(f"the {len(specs)} {a.arch} implementations both versions register: {', '.join(specs)}", flush=True)
+    folders = {name: a.workdir / f"results-{name}" for name in sides}
+    for name, side in sides.items():
+        print(f"{name}: flashinfer-python {snaps[name]['flashinfer_version']}", flush=True)
+        run_cases(side, a.arch, specs, folders[name], extra)
+        (folders[name] / "api.json").write_text(json.dumps(snaps[name]))
     return compare_runs.main([str(folders["old"]), str(folders["new"])])
 
 

@@ -1,6 +1,6 @@
 """The torch stand-in for FlashInfer's SM90 mixed-GEMM E2M1 weight interleave (finding F13) equals a plain
 per-thread transcription of the CUDA kernel's index and bit arithmetic, is a permutation of the codes' bits,
-and only replaces FlashInfer's function when asked to."""
+and replaces FlashInfer's function only where its module is not built (and not when turned off)."""
 from __future__ import annotations
 
 import sys
@@ -83,15 +83,20 @@ def test_shapes_the_kernel_refuses_are_refused():
         interleave.stand_in(torch.zeros(1, 16, 32, dtype=torch.uint8), "fp4")
 
 
-def test_it_replaces_flashinfer_only_when_asked_and_the_module_is_missing(monkeypatch):
-    fake = types.ModuleType("flashinfer.fused_moe.prepare")
+def test_it_replaces_flashinfer_by_default_only_where_the_module_is_missing(monkeypatch):
+    fake = types.ModuleType(interleave.PREPARE)
     fake.interleave_moe_weights_for_sm90_mixed_gemm = original = object()
-    monkeypatch.setitem(sys.modules, "flashinfer.fused_moe.prepare", fake)
+    monkeypatch.setitem(sys.modules, interleave.PREPARE, fake)
+    monkeypatch.setattr(interleave, "_original", {})
     monkeypatch.setattr(prerequisites, "is_built", lambda name: False)
-    monkeypatch.delenv(interleave.ENV, raising=False)
+    monkeypatch.setenv(interleave.ENV, "0")  # turned off: FlashInfer's own, and the kernels skip
     assert not interleave.install() and fake.interleave_moe_weights_for_sm90_mixed_gemm is original
-    monkeypatch.setenv(interleave.ENV, "1")
-    monkeypatch.setattr(prerequisites, "is_built", lambda name: True)
+    assert "off" in interleave.describe()
+    monkeypatch.delenv(interleave.ENV)  # the default: on
+    monkeypatch.setattr(prerequisites, "is_built", lambda name: True)  # built: FlashInfer's own
     assert not interleave.install() and fake.interleave_moe_weights_for_sm90_mixed_gemm is original
+    assert "FlashInfer's own" in interleave.describe()
     monkeypatch.setattr(prerequisites, "is_built", lambda name: False)
     assert interleave.install() and fake.interleave_moe_weights_for_sm90_mixed_gemm is interleave.stand_in
+    assert interleave.install() and interleave.flashinfer_function() is original  # twice: the original kept
+    assert "torch port" in interleave.describe()

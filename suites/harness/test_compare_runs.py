@@ -186,3 +186,26 @@ def test_a_failing_test_without_a_failure_record_is_a_regression(tmp_path):
     assert code == 1 and lines.count("REGRESSION new failing test: suites/m.py::test_fault[k]") == 1, lines
     code, lines = compare_runs.compare(new, old)
     assert code == 0 and "fixed test: suites/m.py::test_fault[k]" in lines, lines
+
+
+def test_the_side_by_side_table_counts_bitwise_equal_outputs_of_the_same_cases(tmp_path):
+    """Same scenario, same digest: equal; same scenario, another digest: not; a scenario in one run only: not
+    matched. A planted change of one output's digest must show as one fewer equal output."""
+    import json
+
+    def folder(name, digests):
+        path = tmp_path / name
+        path.mkdir()
+        lines = [json.dumps({"impl": "k", "ep": 1, "recipe": "r", "check": "oracle+textbook", "scenario": scenario,
+                             "seconds": 0.5, "metrics": [{"batch": 0, "rank": 0, "rel_l2": 0.01, "digest": d}]})
+                 for scenario, d in digests.items()]
+        (path / "cases-main.jsonl").write_text("\n".join(lines) + "\n")
+        return path
+
+    old = folder("old", {'{"s": 1}': "aa", '{"s": 2}': "bb", '{"s": 3}': "cc"})
+    same = folder("same", {'{"s": 1}': "aa", '{"s": 2}': "bb", '{"s": 3}': "cc", '{"s": 4}': "dd"})
+    changed = folder("changed", {'{"s": 1}': "aa", '{"s": 2}': "b0", '{"s": 3}': "cc"})
+    row = next(line for line in compare_runs.side_by_side(old, same) if line.startswith("| k |"))
+    assert "| 3 of 3 |" in row, row
+    row = next(line for line in compare_runs.side_by_side(old, changed) if line.startswith("| k |"))
+    assert "| 2 of 3 |" in row, row

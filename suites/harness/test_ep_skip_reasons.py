@@ -56,7 +56,8 @@ def test_an_unsupported_ep_size_says_which_are_supported(gpus):
         f"{impl.name} does not support EP3 (supports {impl.capabilities.ep_sizes})")
 
 
-def test_a_missing_jit_prerequisite_skips_naming_it_and_its_remedy(gpus):
+def test_a_missing_jit_prerequisite_skips_naming_it_and_its_remedy(gpus, monkeypatch):
+    monkeypatch.setenv("MOE_F13_TORCH_INTERLEAVE", "0")  # the stand-in turned off
     gpus(1, built=False)
     needing = [i for i in _sm90() if i.capabilities.prerequisite and i.capabilities.prerequisite()]
     if not needing:
@@ -64,15 +65,16 @@ def test_a_missing_jit_prerequisite_skips_naming_it_and_its_remedy(gpus):
     for impl in needing:
         why = ep_skip_reason(impl.name, impl.capabilities, 1)
         assert "fused_moe_90" in why and "python -m ci.prebuild_jit" in why and "F13" in why, why
-        assert "MOE_F13_TORCH_INTERLEAVE=1" in why, why
+        assert "MOE_F13_TORCH_INTERLEAVE" in why and "torch port" in why, why
     gpus(0, built=False)  # no Hopper GPU: the arch skip says so, the prerequisite is not even asked
     assert all(ep_skip_reason(i.name, i.capabilities, 1) is None for i in needing)
 
 
-def test_the_interleave_stand_in_lifts_the_prerequisite_when_asked(gpus, monkeypatch):
+def test_the_interleave_stand_in_lifts_the_prerequisite_by_default(gpus, monkeypatch):
+    monkeypatch.setenv("MOE_F13_TORCH_INTERLEAVE", "0")  # which kernels need the module without the stand-in
     gpus(1, built=False)
     needing = [i for i in _sm90() if i.capabilities.prerequisite and i.capabilities.prerequisite()]
     if not needing:
         pytest.skip("the installed FlashInfer registers no SM90 kernel with a JIT prerequisite")
-    monkeypatch.setenv("MOE_F13_TORCH_INTERLEAVE", "1")
+    monkeypatch.delenv("MOE_F13_TORCH_INTERLEAVE", raising=False)
     assert all(i.capabilities.prerequisite() is None for i in needing)

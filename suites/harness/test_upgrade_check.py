@@ -21,3 +21,37 @@ def test_upgrade_check_between_two_installed_versions(capsys, tmp_path):
     assert "API: flashinfer-python 0.7.2.post1 -> 0.7.4: 87 difference(s)" in out, out[:500]
     assert "kernel added: sm90_fp8_nvfp4_bf16_pull_cutedsl" in out and "no GPU" in out
     assert code == 1  # the API changed: for review
+
+
+def _both():
+    old, new = ROOT / ".venv-fi-0.7.2.post1", ROOT / ".venv"
+    if not (old / "bin" / "python").exists() or not (new / "bin" / "python").exists():
+        pytest.skip("needs both environments of ci/setup.sh (.venv and .venv-fi-0.7.2.post1)")
+    return old, new
+
+
+def test_a_site_folder_side_runs_its_flashinfer_in_front(tmp_path):
+    """The GPU bundle's overlays are `pip --target` folders (~/gpu-site-fi072): such a folder is a side of its own,
+    run by this python with the folder first on the import path."""
+    old, _ = _both()
+    site = next((old / "lib").glob("python3*/site-packages"))
+    side = upgrade_check.environment(str(site), tmp_path)
+    assert side.site == str(site) and side.env()["PYTHONPATH"].split(":")[0] == str(site)
+    assert upgrade_check.snapshot(side)["flashinfer_version"] == "0.7.2.post1"
+
+
+def test_the_cases_run_on_the_specs_both_versions_register(tmp_path, monkeypatch):
+    old, new = _both()
+    sides = [upgrade_check.environment(str(v), tmp_path) for v in (old, new)]
+    specs = upgrade_check.common_specs(sides, "sm90")
+    assert len(specs) == 4 and not any("fp4" in s or "bf16_bf16_bf16_pull" in s for s in specs), specs
+    seen = {}
+
+    class Done:
+        returncode = 0
+
+    monkeypatch.setattr(upgrade_check.subprocess, "run", lambda argv, **kw: seen.update(argv=argv) or Done())
+    upgrade_check.run_cases(sides[0], "sm90", specs, tmp_path / "r", ["suites/conformance", "-k", "matches"])
+    argv = seen["argv"]
+    assert argv[argv.index("--impl") + 1] == ",".join(specs) and argv[-3:] == ["suites/conformance", "-k", "matches"]
+    assert "--junitxml" in argv and argv[argv.index("-m", 3) + 1] == "sm90"
