@@ -99,10 +99,9 @@ def main(argv=None) -> int:
     p.add_argument("new")
     p.add_argument("--arch", default="sm90", help="the arch marker whose cases run on a GPU")
     p.add_argument("--workdir", type=Path, default=ROOT / "results" / "upgrade")
-    p.add_argument("pytest_args", nargs=argparse.REMAINDER,
-                   help="after --: pytest arguments for both sides' runs (e.g. -- suites/conformance -k matches)")
-    a = p.parse_args(argv)
-    extra = a.pytest_args[1:] if a.pytest_args[:1] == ["--"] else a.pytest_args
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)  # after --: pytest arguments for both sides' runs
+    a, extra = p.parse_args(argv[:cut]), argv[cut + 1:]
     a.workdir.mkdir(parents=True, exist_ok=True)
     sides = {name: environment(spec, a.workdir) for name, spec in (("old", a.old), ("new", a.new))}
     snaps = {name: snapshot(side) for name, side in sides.items()}

@@ -232,10 +232,24 @@ SM90_PUSH_CAKE_BF16 = Recipe(
 
 # FlashInfer 0.7.4's three new Hopper pull kernels (0.7.4 delta §2.1-2.3). Unverified on hardware: the
 # tolerances are the FP8 pull kernel's, provisional until calibrated on the H200.
-_PROVISIONAL_074 = dataclasses.replace(
-    _FP8_KERNEL_TOL, textbook_rel_l2=0.5, systematic=PROVISIONAL_SYSTEMATIC,
-    reason="provisional (FlashInfer 0.7.4, no H200 run yet): the FP8 pull kernel's bounds; textbook bound as "
-           "for the SM100 NVFP4 recipe (E2M1 weights: 0.18-0.21 from the fp64 textbook here, on CPU)")
+# The FP8 x FP4 pull kernels, H200 2026-12-01 (FlashInfer 0.7.4, sixth run, docs/validation/raw/2026-12-01-run6):
+# 60 calibration batches each (layer pool and model geometries, EP1), then the FP4 part of `pytest -m sm90` at
+# EP1/2/4/8. Their clean gains sit below 1 (MXFP4 median -2.3e-4, down to -4.9e-4; NVFP4 median -3.1e-4, down to
+# -7.8e-4; up to 16 standard errors): a bias towards zero that the recipe does not emulate (FC1 over the whole K
+# in the tensor core's fast FP8 accumulator, which truncates). So a 0.1% uniform scale on NVFP4 measured a gain of
+# 1.00074 and passed (its bound there 8.9e-4): 0.3% is the declared uniform resolution, the gain floor 1e-3.
+SYSTEMATIC_FP4_PULL = Systematic(
+    gain_floor=1e-3, bias_floor=2e-4, expert_gain_floor=5e-3, rank_gain_floor=1e-2, resolution=(3e-3, 1e-2),
+    reason=_H200 + "|gain - 1| <= 4.9e-4 (MXFP4), <= 7.8e-4 (NVFP4), 50 cases each, below 1 (a truncating FP8 "
+                   "accumulator, not emulated); |bias| <= 1.6e-5; worst expert |gain - 1| <= 1.5e-3 (se 2.2e-4); "
+                   "a 1% expert was caught on both; the rank floor is the provisional 1e-2, held at EP2/4/8 in the "
+                   "product run, rank gains not yet calibrated")
+_FP4_PULL_TOL = dataclasses.replace(
+    _FP8_KERNEL_TOL, textbook_rel_l2=0.4, systematic=SYSTEMATIC_FP4_PULL,
+    reason="the FP8 pull kernel's bounds, held on the H200 (2026-12-01, FlashInfer 0.7.4, sixth run): 60 "
+           "calibration batches a kernel, rel-L2 <= 0.0099 (MXFP4) and 0.014 (NVFP4) on multi-token batches, "
+           "worst token 0.034, band <= 4.2 units, 0 outside; the product's FP4 cases at EP1/2/4/8 the same. Textbook "
+           "(fp64, unquantized weights): 0.17-0.27, the E2M1 weights' own distance, hence 0.4")
 
 SM90_PULL_BF16 = Recipe(
     name="sm90_pull_bf16", act=BF16, weight=NONE, w13_stripe=8, clamp_style="gate_upper",
@@ -252,7 +266,7 @@ SM90_PULL_FP8_MXFP4 = Recipe(
     weight=Quant("mx", fmt="mxfp4", exponent="ceil", humming_max_range=11), w13_stripe=8,
     clamp_style="gate_upper", placement="before_fc2_quant",
     fc2_in=Quant("fp8", block=(1, 64), scale_recip=True, apply_recip=True),
-    combine_wire=BF16, tolerance=_PROVISIONAL_074,
+    combine_wire=BF16, tolerance=_FP4_PULL_TOL,
     source="0.7.4 delta §2.2: E4M3 activations with one fp32 scale per token, d = amax * RN(1/448), q = x / d "
            "(safe_quantize.py); MXFP4 weights as the adapter packs them (reference.mx.mx_quantize, exponent "
            "rounded up) after the Humming rewrite (blocks more than 11 binades below the expert maximum, "
