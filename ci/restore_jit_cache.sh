@@ -3,7 +3,8 @@
 #   ci/restore_jit_cache.sh TARBALL CACHE_PARENT SITE_DIR...
 # TARBALL: `tar czf fi-jit.tgz -C ~/.cache flashinfer` from an earlier host (ci/gpu_validate.sh jit), with the
 # CuTe DSL's file cache of compiled kernels beside it (cutlass_python_cache/: restored where the DSL looks,
-# $CUTE_DSL_CACHE_DIR or ${TMPDIR:-/tmp}/$USER/cutlass_python_cache); CACHE_PARENT: ~/.cache;
+# $CUTE_DSL_CACHE_DIR or ${TMPDIR:-/tmp}/$USER/cutlass_python_cache; it holds only kernels built through the
+# DSL's implicit JIT: `cute.compile`, which FlashInfer's SM90 pull kernels use, never caches); CACHE_PARENT: ~/.cache;
 # SITE_DIR: where the wheels were just installed (their headers and sources are the modules' inputs).
 # Ninja (>= 1.10) rebuilds an output when an input is newer than the output's mtime recorded in
 # .ninja_log, and when the output is newer than its .ninja_deps entry. So the outputs keep their packed
