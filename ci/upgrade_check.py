@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -82,8 +83,10 @@ def common_specs(sides: list[Side], arch: str) -> list[str]:
 
 
 def run_cases(side: Side, arch: str, specs: list[str], results: Path, pytest_args: list[str]) -> int:
-    """The same derandomized cases on one side (the ci profile): `-m ARCH` on the specs both sides have."""
-    (results / "api.json").parent.mkdir(parents=True, exist_ok=True)
+    """The same derandomized cases on one side (the ci profile): `-m ARCH` on the specs both sides have. The
+    results folder starts empty: records append, and an earlier check's would be compared as this one's."""
+    shutil.rmtree(results, ignore_errors=True)
+    results.mkdir(parents=True)
     started = time.monotonic()
     code = subprocess.run([*pytest_argv(side.python), "-q", "-p", "no:cacheprovider", "-m", arch,
                            "--impl", ",".join(specs), "--results-dir", str(results),

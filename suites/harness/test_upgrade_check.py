@@ -51,7 +51,11 @@ def test_the_cases_run_on_the_specs_both_versions_register(tmp_path, monkeypatch
         returncode = 0
 
     monkeypatch.setattr(upgrade_check.subprocess, "run", lambda argv, **kw: seen.update(argv=argv) or Done())
+    stale = tmp_path / "r" / "cases-main.jsonl"  # an earlier check's records must not join this one's
+    stale.parent.mkdir()
+    stale.write_text("{}\n")
     upgrade_check.run_cases(sides[0], "sm90", specs, tmp_path / "r", ["suites/conformance", "-k", "matches"])
+    assert not stale.exists()
     argv = seen["argv"]
     assert argv[argv.index("--impl") + 1] == ",".join(specs) and argv[-3:] == ["suites/conformance", "-k", "matches"]
     assert "--junitxml" in argv and argv[argv.index("-m", 3) + 1] == "sm90"
