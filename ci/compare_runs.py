@@ -46,10 +46,19 @@ LATENCY_ROW_NOISE = 2.0  # a doubling of one row, above the largest clean kernel
 LATENCY_BASELINES = ("torch",)
 
 
-def _errors(folder: Path) -> dict[tuple[str, int], list[float]]:
-    out = defaultdict(list)
+def _cases(folder: Path) -> dict[tuple[str, int], dict]:
+    """(implementation, EP size) -> from its per-case records, read once: the oracle's relative L2 per checked
+    (batch, rank) ("errors"), the output digest per (check, scenario, batch, rank) ("digests": a scenario is the
+    same case where its JSON is, hypothesis derandomized) and the case seconds ("seconds")."""
+    out = defaultdict(lambda: {"errors": [], "digests": {}, "seconds": []})
     for rec in case_records(folder):
-        out[(rec.impl, rec.ep)] += [m["rel_l2"] for m in rec.metrics if "rel_l2" in m]
+        slot = out[(rec.impl, rec.ep)]
+        slot["seconds"].append(rec.seconds)
+        for m in rec.metrics:
+            if "rel_l2" in m:
+                slot["errors"].append(m["rel_l2"])
+            if "digest" in m:
+                slot["digests"][(rec.check, rec.scenario, m["batch"], m["rank"])] = m["digest"]
     return out
 
 
@@ -112,52 +121,39 @@ def api_report(old: Path, new: Path) -> list[str]:
     return [f"FlashInfer API: {len(lines)} differences"] + [f"  {line}" for line in lines]
 
 
-def _outputs(folder: Path) -> dict[tuple[str, int], dict]:
-    """(implementation, EP size) -> {(check, scenario, batch, rank): output digest} and the case seconds: what
-    side_by_side matches across runs (a scenario is the same case where its JSON is, hypothesis derandomized)."""
-    out = defaultdict(lambda: {"digests": {}, "seconds": []})
-    for rec in case_records(folder):
-        slot = out[(rec.impl, rec.ep)]
-        slot["seconds"].append(rec.seconds)
-        for m in rec.metrics:
-            if "digest" in m:
-                slot["digests"][(rec.check, rec.scenario, m["batch"], m["rank"])] = m["digest"]
-    return out
-
-
 def _quantile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def side_by_side(old: Path, new: Path) -> list[str]:
-    """A table per (implementation, EP size) in both runs: the oracle's relative L2 (median, p99, max), how many
-    of the same (case, batch, rank) outputs are bitwise equal, and the median case time. Informational: the
-    regression rules are the ones above (case times include layer builds and shrinking, so they are no latency
-    figure; ci.bench_latency is)."""
-    errors_old, errors_new = _errors(old), _errors(new)
-    outs_old, outs_new = _outputs(old), _outputs(new)
+def side_by_side(cases_old: dict, cases_new: dict) -> list[str]:
+    """A table per (implementation, EP size) in both runs (``_cases``): the oracle's relative L2 (median, p99,
+    max), how many of the same (case, batch, rank) outputs are bitwise equal, and the median case time.
+    Informational: the regression rules are the ones above (case times include layer builds and shrinking, so
+    they are no latency figure; ci.bench_latency is)."""
     lines = ["| implementation | EP | checks | rel-L2 median | rel-L2 p99 | rel-L2 max | bitwise-equal outputs | "
              "median case s |", "|---|---|---|---|---|---|---|---|"]
-    for key in sorted(errors_old.keys() & errors_new.keys()):
-        a, b = errors_old[key], errors_new[key]
+    for key in sorted(cases_old.keys() & cases_new.keys()):
+        ca, cb = cases_old[key], cases_new[key]
+        a, b = ca["errors"], cb["errors"]
         if not a or not b:
             continue
-        da, db = outs_old[key]["digests"], outs_new[key]["digests"]
+        da, db = ca["digests"], cb["digests"]
         shared = da.keys() & db.keys()
         equal = sum(da[k] == db[k] for k in shared)
         bits = f"{equal} of {len(shared)}" if shared else "no output digests in both"
-        ta, tb = outs_old[key]["seconds"], outs_new[key]["seconds"]
         lines.append(
             f"| {key[0]} | {key[1]} | {len(a)} / {len(b)} | {statistics.median(a):.3g} / {statistics.median(b):.3g} | "
             f"{_quantile(a, 0.99):.3g} / {_quantile(b, 0.99):.3g} | {max(a):.3g} / {max(b):.3g} | {bits} | "
-            f"{statistics.median(ta):.3g} / {statistics.median(tb):.3g} |")
+            f"{statistics.median(ca['seconds']):.3g} / {statistics.median(cb['seconds']):.3g} |")
     return ["side by side (OLD / NEW):"] + lines if len(lines) > 2 else []
 
 
 def compare(old: Path, new: Path) -> tuple[int, list[str]]:
     """(exit code, report lines)."""
-    errors_old, errors_new = _errors(old), _errors(new)
+    cases_old, cases_new = _cases(old), _cases(new)
+    errors_old = {key: c["errors"] for key, c in cases_old.items()}
+    errors_new = {key: c["errors"] for key, c in cases_new.items()}
     failed_old, failed_new = _failures(old), _failures(new)
     # what each run tested: its passing cases' records and its failures (a case that fails writes no record)
     seen_old = set(errors_old) | {(impl, ep) for _, impl, ep in failed_old}
@@ -193,7 +189,7 @@ def compare(old: Path, new: Path) -> tuple[int, list[str]]:
     report += [f"finding vanished: {key} on {impl}" for impl, key in sorted(found_old - found_new)]
     slower, lines = latency_report(old, new)
     regressed |= slower
-    report += lines + api_report(old, new) + side_by_side(old, new)
+    report += lines + api_report(old, new) + side_by_side(cases_old, cases_new)
     return (1 if regressed else 0), report
 
 

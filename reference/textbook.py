@@ -44,8 +44,7 @@ def textbook_moe(
     experts = w13.shape[0]
     key = torch.where(ids >= 0, ids, experts)
     order = torch.argsort(key, stable=True)
-    counts = torch.zeros(experts + 1, dtype=torch.long, device=device).scatter_add_(
-        0, key, torch.ones_like(key))[:experts].tolist()
+    counts = torch.bincount(key, minlength=experts + 1)[:experts].tolist()
     start = 0
     for e, n in enumerate(counts):
         routes = order[start:start + n]

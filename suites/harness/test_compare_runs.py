@@ -205,7 +205,7 @@ def test_the_side_by_side_table_counts_bitwise_equal_outputs_of_the_same_cases(t
     old = folder("old", {'{"s": 1}': "aa", '{"s": 2}': "bb", '{"s": 3}': "cc"})
     same = folder("same", {'{"s": 1}': "aa", '{"s": 2}': "bb", '{"s": 3}': "cc", '{"s": 4}': "dd"})
     changed = folder("changed", {'{"s": 1}': "aa", '{"s": 2}': "b0", '{"s": 3}': "cc"})
-    row = next(line for line in compare_runs.side_by_side(old, same) if line.startswith("| k |"))
+    row = next(line for line in compare_runs.compare(old, same)[1] if line.startswith("| k |"))
     assert "| 3 of 3 |" in row, row
-    row = next(line for line in compare_runs.side_by_side(old, changed) if line.startswith("| k |"))
+    row = next(line for line in compare_runs.compare(old, changed)[1] if line.startswith("| k |"))
     assert "| 2 of 3 |" in row, row
