@@ -237,9 +237,11 @@ SM90_PUSH_CAKE_BF16 = Recipe(
 # EP1/2/4/8. Their clean gains sit below 1 (MXFP4 median -2.3e-4, down to -4.9e-4; NVFP4 median -3.1e-4, down to
 # -7.8e-4; up to 16 standard errors): a bias towards zero that the recipe does not emulate (FC1 over the whole K
 # in the tensor core's fast FP8 accumulator, which truncates). So a 0.1% uniform scale on NVFP4 measured a gain of
-# 1.00074 and passed (its bound there 8.9e-4): 0.3% is the declared uniform resolution, the gain floor 1e-3.
+# 1.00074 and passed (its bound there 8.9e-4): 0.3% is the declared uniform resolution. The gain floor stays at
+# 5e-4: with it the clean checks (569 a kernel, and the product's clean cases) raised no false alarm; the 0.3%
+# fault tests passed on the H200 under a floor of 1e-3, and a lower floor only lowers the bound they must cross.
 SYSTEMATIC_FP4_PULL = Systematic(
-    gain_floor=1e-3, bias_floor=2e-4, expert_gain_floor=5e-3, rank_gain_floor=1e-2, resolution=(3e-3, 1e-2),
+    gain_floor=5e-4, bias_floor=2e-4, expert_gain_floor=5e-3, rank_gain_floor=1e-2, resolution=(3e-3, 1e-2),
     reason=_H200 + "|gain - 1| <= 4.9e-4 (MXFP4), <= 7.8e-4 (NVFP4), 50 cases each, below 1 (a truncating FP8 "
                    "accumulator, not emulated); |bias| <= 1.6e-5; worst expert |gain - 1| <= 1.5e-3 (se 2.2e-4); "
                    "a 1% expert was caught on both; the rank floor is the provisional 1e-2, held at EP2/4/8 in the "
