@@ -10,7 +10,9 @@ Declared rules, per (implementation, EP size) present in both runs:
 * a shifted error distribution: the oracle's relative L2 per checked (batch, rank) is larger in NEW, by
   a one-sided Mann-Whitney U test at p < 1e-3 *and* a median at least 1.5x OLD's (plus 1e-6): run-to-run
   draws differ, a kernel that got worse moves the whole distribution;
-* a finding that appeared (reproduced in NEW, not in OLD) or vanished (the reverse);
+* a finding that appeared (reproduced in NEW, tested and not reproduced in OLD) or vanished (the reverse); one
+  that OLD never tested (no findings record for it: an older suite, a narrower run) is listed as untested, not
+  called a regression (the fifth H200 run's comparison called F12 "appeared" against a run without its test);
 * a latency regression (both folders hold ``latency.json``, ci.bench_latency): a backend whose medians grew by
   more than LATENCY_BACKEND_NOISE as a geometric mean over its (geometry, tokens) rows, or one row that grew
   past LATENCY_ROW_NOISE times its old median and beyond both runs' interquartile ranges; the torch baseline's
@@ -81,8 +83,11 @@ def failing_tests_report(old: Path, new: Path) -> tuple[bool, list[str]]:
     return bool(new_fail), [f"REGRESSION new failing test: {t}" for t in new_fail] + [f"fixed test: {t}" for t in fixed]
 
 
-def _findings(folder: Path) -> set[tuple[str, str]]:
-    return {(f["impl"], f["finding"]) for f in records(folder, "findings") if f.get("reproduced")}
+def _findings(folder: Path) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """(implementation, finding) pairs: those reproduced, and those tested at all."""
+    rows = records(folder, "findings")
+    return ({(f["impl"], f["finding"]) for f in rows if f.get("reproduced")},
+            {(f["impl"], f["finding"]) for f in rows})
 
 
 def _latency(folder: Path) -> dict[tuple[str, str, int], dict]:
@@ -182,11 +187,17 @@ def compare(old: Path, new: Path) -> tuple[int, list[str]]:
         report.append(f"{'REGRESSION ' if shifted else ''}{key[0]} EP{key[1]}: rel-L2 median {med_a:.3g} -> {med_b:.3g}, "
                       f"max {max(a):.3g} -> {max(b):.3g}, p = {p:.2g} ({len(a)} vs {len(b)} checks)")
         regressed |= shifted
-    found_old, found_new = _findings(old), _findings(new)
+    (found_old, tested_old), (found_new, tested_new) = _findings(old), _findings(new)
     for impl, key in sorted(found_new - found_old):
-        report.append(f"REGRESSION finding appeared: {key} on {impl}")
-        regressed = True
-    report += [f"finding vanished: {key} on {impl}" for impl, key in sorted(found_old - found_new)]
+        if (impl, key) in tested_old:
+            report.append(f"REGRESSION finding appeared: {key} on {impl}")
+            regressed = True
+        else:
+            report.append(f"finding {key} on {impl}: reproduced in NEW, not tested in OLD")
+    report += [f"finding vanished: {key} on {impl}" for impl, key in sorted(found_old - found_new)
+               if (impl, key) in tested_new]
+    report += [f"finding {key} on {impl}: reproduced in OLD, not tested in NEW"
+               for impl, key in sorted(found_old - tested_new)]
     slower, lines = latency_report(old, new)
     regressed |= slower
     report += lines + api_report(old, new) + side_by_side(cases_old, cases_new)

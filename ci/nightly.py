@@ -3,8 +3,9 @@ the nightly hypothesis profile, into one results folder with a report people rea
 
     python -m ci.nightly [--out results/nightly-DATE] [--arch sm90] [--examples N] [--no-latency] [-- PYTEST ARGS]
 
-It detects the GPUs (count and arch) and runs, with ``bash ci/setup.sh``'s Python:
-  1. with one GPU (or none): ``pytest -m ARCH --ep 1,2,4,8`` in one process (``junit.xml``); with several,
+It detects the GPUs (count and arch) and runs each pytest phase through ``bash ci/test.sh``, the README's test
+command (its set-up, ini and defaults; the nightly adds its profile, the progress lines and the results folder):
+  1. with one GPU (or none): ``bash ci/test.sh -m ARCH --ep 1,2,4,8``, one process (``junit.xml``); with several,
      EP1 (``pytest -m ARCH --ep 1``) spread over one pytest-xdist worker per GPU (``--dist loadgroup``: each
      rank pool's tests on one worker), each worker and its rank pools pinned to its GPU (``junit-ep1.xml``),
      then EP2/4/8 (``pytest -m "ARCH and ep" --ep 2,4,8``) in one process that sees every GPU
@@ -30,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from ci import ROOT, pytest_argv
+from ci import ROOT
 
 
 
@@ -69,18 +70,22 @@ def environment(devices: list[int]) -> dict:
             "commit": command("git", "rev-parse", "HEAD"), "dirty": bool(command("git", "status", "--porcelain"))}
 
 
-def phase_commands(python: str, arch: str, devices: list[int], out: Path, extra: list[str]) -> list[tuple[str, list, dict]]:
+def phase_commands(arch: str, devices: list[int], out: Path, extra: list[str]) -> list[tuple[str, list, dict]]:
     """(name, argv, extra environment) per pytest phase. One GPU or none: one pytest process at every EP size
     (its EP-invariance checks compare each EP size with EP1 of the same process). Several: EP1 spread over a
     worker per GPU, then the EP > 1 cases only (``-m "ARCH and ep"``: the tests that take no EP size ran
     in the first phase), whose EP-invariance checks skip saying EP1 ran in another process."""
-    base = [*pytest_argv(python), "-p", "fixtures.progress", "-p", "no:cacheprovider", "--results-dir", str(out),
-            "-rsx"]
+    base = ["bash", str(ROOT / "ci" / "test.sh"), "-p", "fixtures.progress", "-p", "no:cacheprovider",
+            "--results-dir", str(out), "-rsx"]
     if len(devices) <= 1:
         return [("all", [*base, "-m", arch, "--ep", "1,2,4,8", "--junitxml", str(out / "junit.xml"), *extra], {})]
     ep1 = [*base, "-m", arch, "--ep", "1", "--junitxml", str(out / "junit-ep1.xml"),
            "-n", str(len(devices)), "--dist", "loadgroup"]
-    env1 = {"MOE_PIN_WORKER_GPU": "1", "MOE_GPU_LIST": ",".join(map(str, devices))}
+    # -p fixtures.options: a replacement for a crashed xdist worker parses the command line before any conftest
+    # (ci/test.sh says more)
+    ep1 += ["-p", "fixtures.options"]
+    env1 = {"MOE_PIN_WORKER_GPU": "1", "MOE_GPU_LIST": ",".join(map(str, devices)),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     rest = [*base, "-m", f"{arch} and ep", "--ep", "2,4,8", "--junitxml", str(out / "junit-ep2-8.xml")]
     return [("ep1", [*ep1, *extra], env1), ("ep2-8", [*rest, *extra], {})]
 
@@ -139,7 +144,7 @@ def main(argv=None) -> int:
               "NVSHMEM_DISABLE_NVLS": "1", **({"MOE_HYPOTHESIS_EXAMPLES": str(a.examples)} if a.examples else {})}
     log, worst = out / "nightly.log", 0
     print(f"nightly: {arch}, {len(devices)} GPU(s), profile {a.profile}, results in {out}", flush=True)
-    for name, cmd, env in phase_commands(python, arch, devices, out, extra):
+    for name, cmd, env in phase_commands(arch, devices, out, extra):
         print(f"nightly: phase {name}: {' '.join(cmd)}", flush=True)
         code, seconds = run(cmd, {**common, **env}, log, a.phase_timeout)
         env_info["phases"][name] = {"exit": code, "seconds": seconds}

@@ -209,3 +209,30 @@ def test_the_side_by_side_table_counts_bitwise_equal_outputs_of_the_same_cases(t
     assert "| 3 of 3 |" in row, row
     row = next(line for line in compare_runs.compare(old, changed)[1] if line.startswith("| k |"))
     assert "| 2 of 3 |" in row, row
+
+
+def _findings(folder: Path, rows: list[tuple[str, bool]]) -> None:
+    import json
+
+    (folder / "findings-main.jsonl").write_text("".join(
+        json.dumps({"impl": "k", "finding": key, "declared": True, "reproduced": reproduced}) + "\n"
+        for key, reproduced in rows))
+
+
+def test_a_finding_appears_only_against_a_run_that_tested_it(tmp_path):
+    """Reproduced in NEW and tested without reproducing in OLD: a regression. Reproduced in NEW and never tested
+    in OLD (an older suite or a narrower run; the fifth H200 run's comparison once called F12 "appeared" so):
+    listed, not a regression. A finding gone from NEW vanished only where NEW tested it."""
+    old, new = _folder(tmp_path / "a", [0.005] * 5), _folder(tmp_path / "b", [0.005] * 5)
+    _findings(old, [("F1", False), ("F3", True)])
+    _findings(new, [("F1", True), ("F2", True)])
+    code, lines = compare_runs.compare(old, new)
+    assert code == 1 and "REGRESSION finding appeared: F1 on k" in lines, lines
+    assert "finding F2 on k: reproduced in NEW, not tested in OLD" in lines, lines
+    assert "finding F3 on k: reproduced in OLD, not tested in NEW" in lines, lines
+    assert not any("F2" in line and "REGRESSION" in line for line in lines), lines
+    _findings(old, [("F3", True)])  # F1 untested in OLD: no regression left
+    code, lines = compare_runs.compare(old, new)
+    assert code == 0 and not any(line.startswith("REGRESSION") for line in lines), lines
+    _findings(new, [("F3", False)])
+    assert "finding vanished: F3 on k" in compare_runs.compare(old, new)[1]

@@ -37,19 +37,21 @@ def test_a_cpu_nightly_writes_the_whole_folder(tmp_path):
 
 def test_one_gpu_runs_every_ep_size_in_one_process(tmp_path):
     """One process at every EP size: the EP-invariance checks find EP1's output of the same problem."""
-    [(name, cmd, env)] = nightly.phase_commands("python", "sm90", [0], tmp_path, ["-x"])
-    assert cmd[cmd.index("--ep") + 1] == "1,2,4,8" and cmd[cmd.index("-m", 3) + 1] == "sm90"
+    [(name, cmd, env)] = nightly.phase_commands("sm90", [0], tmp_path, ["-x"])
+    assert cmd[:2] == ["bash", str(ROOT / "ci" / "test.sh")]  # the README's test command, nothing of its own
+    assert cmd[cmd.index("--ep") + 1] == "1,2,4,8" and cmd[cmd.index("-m") + 1] == "sm90"
     assert "-n" not in cmd and not env and cmd[-1] == "-x" and name == "all"
 
 
 @pytest.mark.parametrize("count", [2, 8])
 def test_ep1_spreads_over_one_worker_per_gpu(count, tmp_path):
-    (name1, ep1, env1), (name2, rest, env2) = nightly.phase_commands("python", "sm90", list(range(count)), tmp_path, [])
+    (name1, ep1, env1), (name2, rest, env2) = nightly.phase_commands("sm90", list(range(count)), tmp_path, [])
     assert ep1[ep1.index("--ep") + 1] == "1" and rest[rest.index("--ep") + 1] == "2,4,8" and not env2
     assert ep1[ep1.index("-n") + 1] == str(count) and "loadgroup" in ep1
-    assert env1 == {"MOE_PIN_WORKER_GPU": "1", "MOE_GPU_LIST": ",".join(map(str, range(count)))}
+    assert env1["MOE_PIN_WORKER_GPU"] == "1" and env1["MOE_GPU_LIST"] == ",".join(map(str, range(count)))
+    assert "fixtures.options" in ep1 and str(ROOT) in env1["PYTHONPATH"]  # for a replacement worker's command line
     # the second phase runs only the EP > 1 cases: the tests that take no EP size ran in the first
-    assert rest[rest.index("-m", 3) + 1] == "sm90 and ep"
+    assert rest[rest.index("-m") + 1] == "sm90 and ep"
 
 
 def test_a_worker_sees_only_its_gpu():
