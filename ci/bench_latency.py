@@ -120,14 +120,21 @@ def measure(spec: str, geometry: Geometry, token_counts: list[int], device, warm
             impl = FlashInferMegaLayer(d, {}, RankContext(0, 1, device), layer, w13, w2)
         except Exception as err:  # noqa: BLE001 (a refused capacity or geometry is a row of the table)
             return [{"impl": spec, "geometry": geometry.name, "error": f"{type(err).__name__}: {str(err)[:200]}"}]
-        weight_bytes = 1.0 if "fp8" in d.recipe.name else (0.5 if "fp4" in d.recipe.name else 2.0)
+        # bytes a weight streams from HBM: E2M1 half a byte (FP8 x FP4 recipes name both, so FP4 first)
+        weight_bytes = 0.5 if "fp4" in d.recipe.name else (1.0 if "fp8" in d.recipe.name else 2.0)
     rows = []
     try:
         for tokens in token_counts:
             x, ids, w = _inputs(layer, tokens, device)
             ids = ids.to(getattr(impl, "ids_dtype", ids.dtype))  # the kernel's own id dtype: no cast timed
-            rows.append(row(spec, geometry, tokens, _time(lambda: impl.forward(x, ids, w), device, warmup, repeats),
-                            weight_bytes))
+            try:
+                times = _time(lambda: impl.forward(x, ids, w), device, warmup, repeats)
+            except Exception as err:  # noqa: BLE001 (a token count the kernel refuses is a row of the table)
+                rows.append({"impl": spec, "geometry": geometry.name, "tokens": tokens,
+                             "error": f"{type(err).__name__}: {str(err)[:200]}"})
+                print(json.dumps(rows[-1]), flush=True)
+                continue
+            rows.append(row(spec, geometry, tokens, times, weight_bytes))
             print(json.dumps(rows[-1]), flush=True)
     finally:
         getattr(impl, "close", lambda: None)()

@@ -137,7 +137,7 @@ def markdown(folder: Path, images: list[Path]) -> str:
     parts += [f"| {f} | {impl} | {state} | {obs.replace('|', '/')} |" for f, impl, state, obs in rows] + [""]
     lat = latency_rows(folder)
     if lat:
-        keys = list(lat[0])
+        keys = list(dict.fromkeys(k for r in lat for k in r))  # every row's fields (an error row has fewer)
         parts += ["## Latency", "", "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
         parts += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in lat] + [""]
     recorded, by_test = records(folder, "failures"), junit_outcomes(folder)

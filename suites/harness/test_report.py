@@ -73,3 +73,15 @@ def test_the_cpu_workflow_runs_the_readme_test_command():
     assert "run: bash ci/test.sh\n" in workflow and "bash ci/test.sh             # the project's own tests" in readme
     nightly = (ROOT / ".github" / "workflows" / "nightly-gpu.yml").read_text()
     assert "schedule:" in nightly and "python -m ci.nightly" in nightly and "upload-artifact" in nightly
+
+
+def test_a_refused_row_first_keeps_every_latency_column(tmp_path):
+    """A kernel that refuses a geometry gives an error row, which may come first: the table still has the timing
+    columns of the rows after it, and the error in its own column."""
+    rows = [{"impl": "k", "geometry": "g", "error": "ValueError: capacity"},
+            {"impl": "torch", "geometry": "g", "tokens": 8, "median_ms": 1.5, "iqr_ms": 0.1}]
+    (tmp_path / "latency.json").write_text(json.dumps({"rows": rows}))
+    table = report.markdown(tmp_path, []).split("## Latency", 1)[1]
+    header = next(line for line in table.splitlines() if line.startswith("| impl"))
+    assert "median_ms" in header and "error" in header, header
+    assert "| torch | g |  | 8 | 1.5 | 0.1 |" in table, table
