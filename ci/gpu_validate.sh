@@ -9,6 +9,9 @@
 #   calibrate  error distributions of each backend of $ARCH against its recipe (ci/calibrate.py)
 #   parallel   concurrent jobs sharing the GPU, one "name|pytest arguments" (or "name|python3 -m ...") a
 #              line in $PAR_JOBS; PAR_TIMEOUT bounds each; a line per job last
+#   nightly    python -m ci.nightly into $out/night ($NIGHTLY_PROFILE, default nightly; ci = the product's profile)
+#   faulty     a faulty wrapper's test_matches_reference relabelled as the clean kernel, compare_runs against the
+#              clean folder of an earlier phase: the planted regression must be flagged (exit 1)
 #   jit        pack the JIT caches for the next fresh host: FlashInfer's (~/.cache/flashinfer) and the CuTe
 #              DSL's compiled kernels (cutlass_python_cache); .gpu/jit/fi-jit.tgz is restored by ci/setup.sh
 set -uo pipefail
@@ -70,6 +73,35 @@ for phase in "$@"; do
     done < "$PAR_JOBS"
     wait
     cat "$out/parallel.log" ;;
+  nightly)
+    # the nightly entry point into $out/night, under $NIGHTLY_PROFILE (default nightly; with "ci", the product's
+    # profile, its pytest phase is exactly the README's bash ci/test.sh -m $arch), then its latency and report
+    stamp "python -m ci.nightly --profile ${NIGHTLY_PROFILE:-nightly}" | tee -a "$out/nightly.log"
+    start=$(date +%s)
+    timeout -s INT -k 60 "${NIGHTLY_TIMEOUT:-5400}" python3 -m ci.nightly --profile "${NIGHTLY_PROFILE:-nightly}" \
+      --out "$out/night" -- --durations=25 >> "$out/nightly.log" 2>&1
+    echo "exit $? after $(( $(date +%s) - start ))s" | tee -a "$out/nightly.log"
+    grep -h "Building JIT module\|Failed to load AOT" "$out/night/nightly.log" 2>/dev/null | sort | uniq -c \
+      | tee -a "$out/nightly.log" ;;
+  faulty)
+    # a planted regression for ci.compare_runs between real results folders: test_matches_reference of a faulty
+    # wrapper ($FAULT, default scale_1e-2) around $FAULT_IMPL (default the arch's first backend), its records
+    # relabelled as the clean kernel's, against the clean folder of an earlier phase ($CLEAN_DIR, default
+    # $out/night, else $out/results); compare_runs must exit 1
+    clean="${CLEAN_DIR:-$out/night}"; [ -d "$clean" ] || clean="$out/results"
+    fault="${FAULT:-scale_1e-2}"; impl="${FAULT_IMPL:-$(python3 -m ci.backends "$arch" | head -n 1)}"
+    stamp "faulty:$fault@$impl, relabelled as $impl, against $clean" | tee -a "$out/faulty.log"
+    rm -rf "$out/faulty" "$out/faulty-as-clean"; mkdir -p "$out/faulty" "$out/faulty-as-clean"
+    start=$(date +%s)
+    MOE_HYPOTHESIS_PROFILE="${FAULT_PROFILE:-device}" timeout -s INT -k 30 "${FAULT_TIMEOUT:-300}" bash ci/test.sh \
+      suites/conformance/test_generic.py -k test_matches_reference --impl "faulty:$fault@$impl" --ep 1 \
+      -p no:cacheprovider --results-dir "$out/faulty" --junitxml "$out/faulty/junit.xml" >> "$out/faulty.log" 2>&1
+    echo "faulty run exit $? after $(( $(date +%s) - start ))s" | tee -a "$out/faulty.log"
+    for f in "$out/faulty"/*; do sed "s|faulty:$fault@||g" "$f" > "$out/faulty-as-clean/$(basename "$f")"; done
+    python3 -m ci.compare_runs "$clean" "$out/faulty-as-clean" > "$out/compare-faulty.txt" 2>&1
+    echo "compare_runs $clean $out/faulty-as-clean: exit $? (1 = the planted regression flagged)" \
+      | tee -a "$out/faulty.log"
+    grep -E "^REGRESSION|^verdict" "$out/compare-faulty.txt" | head -n 8 ;;
   jit)
     cute="${CUTE_DSL_CACHE_DIR:-${TMPDIR:-/tmp}/$(id -un)/cutlass_python_cache}"
     extra=(); [ -d "$cute" ] && extra=(-C "$(dirname "$cute")" "$(basename "$cute")")

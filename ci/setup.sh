@@ -19,6 +19,21 @@ if [ -f "$HOME/gpu-env.sh" ] && [ "${MOE_USE_VENV:-0}" != "1" ]; then
       bash "$root/ci/restore_jit_cache.sh" "$jit" "$HOME/.cache" "$HOME/gpu-site" >&2 && touch "$marker"
     fi
   fi
+  # FlashInfer AOT modules built without a GPU (python -m ci.build_jit_modules; MOE_JIT_AOT, default
+  # .gpu/jit/fi-aot.tgz): FlashInfer loads them instead of compiling its JIT modules on this fresh host
+  aot="${MOE_JIT_AOT:-$root/.gpu/jit/fi-aot.tgz}"
+  if [ -f "$aot" ]; then
+    marker="$HOME/.cache/moe-aot-restored-$(sha256sum "$aot" | cut -c1-16)"
+    if [ ! -f "$marker" ]; then
+      where=$(python3 -c 'import importlib.metadata as m, flashinfer.jit.env as e; print(e.FLASHINFER_AOT_DIR, m.version("flashinfer-python"))' 2>/dev/null) || where=""
+      if [ -n "$where" ]; then
+        # shellcheck disable=SC2086
+        bash "$root/ci/restore_aot_modules.sh" "$aot" $where >&2 && mkdir -p "$HOME/.cache" && touch "$marker"
+      else
+        echo "FlashInfer is not importable here: the AOT modules of $aot are not installed" >&2
+      fi
+    fi
+  fi
   echo "python3"
   exit 0
 fi

@@ -15,7 +15,8 @@ from fixtures.flashinfer.descriptors import installed_version
 pytestmark = [pytest.mark.api, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
 API_TESTS = ["suites/flashinfer/test_registry.py", "suites/flashinfer/test_api_surface.py",
-             "suites/flashinfer/test_routing_ops.py", "suites/flashinfer/test_routing_findings.py"]
+             "suites/flashinfer/test_routing_ops.py", "suites/flashinfer/test_routing_findings.py",
+             "suites/flashinfer/test_jit_modules.py"]
 
 
 @pytest.mark.parametrize("version", [v for v in ALL_VERSIONS if v != installed_version()])

@@ -34,3 +34,27 @@ def test_parallel_phase_runs_each_job_line(tmp_path):
     assert "broken exit 7" in summary, summary
     assert "argv ['sm90_x[blockwise]', 'two words']" in (out / "args.log").read_text()
     assert "2 passed" in (out / "pytest-job.log").read_text()
+
+
+def test_faulty_phase_flags_its_planted_regression(tmp_path):
+    """The `faulty` phase on CPU, around reference-ep: a clean run's folder, then the phase's faulty run relabelled
+    as the clean implementation; compare_runs must call it a regression (on the H200 the same phase runs against
+    the nightly's folder)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "gpu-env.sh").write_text(f"export PATH={Path(sys.executable).parent}:$PATH\n")
+    out, clean = tmp_path / "out", tmp_path / "clean"
+    env = {**os.environ, "HOME": str(home), "VAL_DIR": str(out), "CLEAN_DIR": str(clean), "ARCH": "cpu",
+           "FAULT_IMPL": "reference-ep", "MOE_HYPOTHESIS_EXAMPLES": "3", "MOE_USE_VENV": "1"}
+    subprocess.run(["bash", "ci/test.sh", "suites/conformance/test_generic.py", "-k", "test_matches_reference",
+                    "--impl", "reference-ep", "--ep", "1", "-p", "no:cacheprovider", "--results-dir", str(clean), "-q"],
+                   cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=True)
+    done = subprocess.run(["bash", "ci/gpu_validate.sh", "faulty"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    log = (out / "faulty.log").read_text()
+    assert "faulty:scale_1e-2@reference-ep, relabelled as reference-ep" in log, log
+    assert "exit 1 (1 = the planted regression flagged)" in log, log[-2000:]
+    compared = (out / "compare-faulty.txt").read_text()
+    assert "REGRESSION new failure: [systematic] reference-ep at EP1" in compared or \
+        "REGRESSION new failure: [oracle] reference-ep at EP1" in compared, compared

@@ -1,0 +1,85 @@
+"""Compile the FlashInfer JIT modules of the SM90 kernels on a machine with nvcc and no GPU, into a tarball of
+FlashInfer AOT modules that ``ci/setup.sh`` installs on a GPU host (so a fresh host does not spend minutes in nvcc).
+
+    python -m ci.build_jit_modules [--out .gpu/jit/fi-aot.tgz] [--list]
+
+The modules are those of ``fixtures/flashinfer/jit_modules.py`` for the installed FlashInfer. Each is built by
+FlashInfer's own JitSpec (its sources, flags and module name; the name is a hash of the sources and flags, so a
+module built here is the one the GPU host would build) for ``FLASHINFER_CUDA_ARCH_LIST`` (default 9.0a). nvcc
+must be the host's CUDA major version, and its toolkit must hold the cuBLAS, NVRTC and cuRAND headers (a full
+toolkit does; a bare nvcc can take them from the nvidia-cublas, nvidia-cuda-nvrtc and nvidia-curand wheels'
+include folders). ``CUDA_HOME`` names the toolkit where ``which nvcc`` does not sit in it.
+
+The tarball holds ``flashinfer-aot/<name>/<name>.so`` and ``flashinfer-aot/BUILD_INFO`` (FlashInfer version,
+nvcc version, arch list); ``ci/restore_aot_modules.sh`` installs it only into the same FlashInfer version. On
+the H200 host, a module that fails to load (another C++ runtime, say) is rebuilt by FlashInfer as before.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from ci import ROOT
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=ROOT / ".gpu" / "jit" / "fi-aot.tgz")
+    p.add_argument("--list", action="store_true", help="list the modules and build nothing")
+    a = p.parse_args(argv)
+    os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
+    os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
+    from fixtures.flashinfer import jit_modules
+
+    version = importlib.metadata.version("flashinfer-python")
+    table = jit_modules.calls(version)
+    if not table:
+        print(f"flashinfer-python {version}: no JIT module table (fixtures/flashinfer/jit_modules.py)")
+        return 2
+    built, failed = {}, []
+    for kernel, calls in table.items():
+        for call in calls:
+            spec = jit_modules.spec(call)
+            if a.list:
+                print(f"{kernel}: {spec.name} <- {call}")
+                continue
+            started = time.monotonic()
+            try:
+                spec.build(need_lock=True)
+            except Exception as err:  # noqa: BLE001 (the next module may still build; the summary says which not)
+                failed.append(spec.name)
+                print(f"{kernel}: {spec.name} FAILED: {type(err).__name__}: {str(err)[-600:]}", flush=True)
+                continue
+            built[spec.name] = Path(spec.jit_library_path)
+            print(f"{kernel}: {spec.name} built in {time.monotonic() - started:.0f} s", flush=True)
+    if a.list:
+        return 0
+    from flashinfer.jit.cpp_ext import get_cuda_path  # the toolkit FlashInfer compiled with
+
+    nvcc = subprocess.run([os.path.join(get_cuda_path(), "bin", "nvcc"), "--version"],
+                          capture_output=True, text=True).stdout.strip().splitlines()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "flashinfer-aot"
+        for name, library in built.items():
+            (root / name).mkdir(parents=True)
+            shutil.copy2(library, root / name / f"{name}.so")
+        root.mkdir(exist_ok=True)
+        (root / "BUILD_INFO").write_text(f"flashinfer-python {version}\n"
+                                         f"arch {os.environ['FLASHINFER_CUDA_ARCH_LIST']}\n"
+                                         f"nvcc {nvcc[-1] if nvcc else 'unknown'}\n")
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(a.out, "w:gz") as tar:
+            tar.add(root, arcname="flashinfer-aot")
+    print(f"{len(built)} modules into {a.out}" + (f"; {len(failed)} failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Install a tarball of FlashInfer AOT modules (python -m ci.build_jit_modules) into FlashInfer's AOT folder, where
+# FlashInfer loads a module before it would compile one.
+#   ci/restore_aot_modules.sh TARBALL AOT_DIR INSTALLED_VERSION
+# Only into the FlashInfer version the modules were built for (BUILD_INFO's first line): a module of another
+# version may carry the same name (dsv3_fused_routing has no hash in it) and other code.
+set -euo pipefail
+tarball=$1 aot=$2 installed=$3
+built=$(tar xzf "$tarball" -O flashinfer-aot/BUILD_INFO | sed -n 's/^flashinfer-python //p')
+if [ "$built" != "$installed" ]; then
+  echo "AOT modules of $tarball are for flashinfer-python ${built:-unknown}, this host has $installed: not installed"
+  exit 0
+fi
+mkdir -p "$aot"
+tar xzf "$tarball" -C "$aot" --strip-components=1 --exclude 'flashinfer-aot/BUILD_INFO'
+echo "installed $(tar tzf "$tarball" | grep -c '\.so$') FlashInfer AOT modules ($(tar xzf "$tarball" -O flashinfer-aot/BUILD_INFO | tr '\n' ' ')) into $aot"

@@ -1,0 +1,43 @@
+"""ci/restore_aot_modules.sh on CPU: a tarball of AOT modules (as ci.build_jit_modules packs it) lands in the
+AOT folder as FlashInfer looks for it (<name>/<name>.so), and only for the FlashInfer version it was built for."""
+from __future__ import annotations
+
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.harness, pytest.mark.cpu]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _tarball(tmp_path: Path, version: str) -> Path:
+    src = tmp_path / "src" / "flashinfer-aot"
+    (src / "mod_abc").mkdir(parents=True)
+    (src / "mod_abc" / "mod_abc.so").write_bytes(b"\x7fELF stand-in")
+    (src / "BUILD_INFO").write_text(f"flashinfer-python {version}\narch 9.0a\nnvcc V13.0.88\n")
+    out = tmp_path / "fi-aot.tgz"
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(src, arcname="flashinfer-aot")
+    return out
+
+
+def _restore(tarball: Path, aot: Path, installed: str) -> str:
+    done = subprocess.run(["bash", str(ROOT / "ci" / "restore_aot_modules.sh"), str(tarball), str(aot), installed],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_modules_land_where_flashinfer_looks(tmp_path):
+    aot = tmp_path / "site" / "flashinfer" / "data" / "aot"
+    said = _restore(_tarball(tmp_path, "0.7.4"), aot, "0.7.4")
+    assert (aot / "mod_abc" / "mod_abc.so").read_bytes() == b"\x7fELF stand-in"
+    assert not (aot / "BUILD_INFO").exists() and "installed 1 FlashInfer AOT modules" in said, said
+
+
+def test_modules_of_another_version_are_not_installed(tmp_path):
+    aot = tmp_path / "aot"
+    said = _restore(_tarball(tmp_path, "0.7.2.post1"), aot, "0.7.4")
+    assert not aot.exists() and "are for flashinfer-python 0.7.2.post1, this host has 0.7.4" in said, said
