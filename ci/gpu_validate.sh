@@ -32,6 +32,7 @@ for phase in "$@"; do
       git log -1 --format='commit %H %s' 2>/dev/null
       python3 -c 'import torch, importlib.metadata as m; print("torch", torch.__version__, "cuda", torch.version.cuda); [print(n, m.version(n)) for n in ("flashinfer-python","nvidia-cutlass-dsl","nvshmem4py-cu13","hypothesis","pytest","pytest-xdist")]'
       ls .gpu/jit/fi-jit.tgz 2>/dev/null && echo "a JIT cache is present: ci/setup.sh restores it" || echo "no JIT cache: first builds compile"
+      ls .gpu/jit/fi-aot.tgz 2>/dev/null && echo "AOT modules are present: ci/setup.sh installs them" || echo "no AOT modules (python -m ci.build_jit_modules)"
     } 2>&1 | tee -a "$out/env.log" ;;
   product)
     stamp "bash ci/test.sh -m $arch ${PRODUCT_ARGS:-}" | tee -a "$out/product.log"
