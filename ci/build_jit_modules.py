@@ -28,6 +28,21 @@ from pathlib import Path
 
 from ci import ROOT
 
+# What the modules' sources include or link beyond nvcc itself, and where a bare nvcc can take it from; a full
+# toolkit has all of it (this project's CPU machine, 2026-12-01, had none of it: ninja stopped on each in turn)
+TOOLKIT_NEEDS = (
+    ("include/cublasLt.h", "the nvidia-cublas wheel's nvidia/cu13/include"),
+    ("include/nvrtc.h", "the nvidia-cuda-nvrtc wheel's nvidia/cu13/include"),
+    ("include/curand_kernel.h", "the nvidia-curand wheel's nvidia/cu13/include"),
+    ("lib64/libcudart.so", "the toolkit's cudart (nvidia-cuda-runtime wheel: nvidia/cu13/lib)"),
+    ("lib64/stubs/libcuda.so", "the toolkit's driver stub (any libcuda.so with soname libcuda.so.1 links)"),
+)
+
+
+def missing_from_toolkit(cuda_home: str | Path) -> list[str]:
+    """What TOOLKIT_NEEDS lacks under ``cuda_home``, each with where to take it from."""
+    return [f"{cuda_home}/{rel} (from {source})" for rel, source in TOOLKIT_NEEDS if not (Path(cuda_home) / rel).exists()]
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -38,6 +53,12 @@ def main(argv=None) -> int:
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
     from fixtures.flashinfer import jit_modules
 
+    from flashinfer.jit.cpp_ext import get_cuda_path  # the toolkit FlashInfer compiles with
+
+    if not a.list and (missing := missing_from_toolkit(get_cuda_path())):
+        print("the CUDA toolkit FlashInfer found (CUDA_HOME, else `which nvcc`'s parent) lacks:\n  "
+              + "\n  ".join(missing))
+        return 2
     version = importlib.metadata.version("flashinfer-python")
     table = jit_modules.calls(version)
     if not table:
@@ -61,8 +82,6 @@ def main(argv=None) -> int:
             print(f"{kernel}: {spec.name} built in {time.monotonic() - started:.0f} s", flush=True)
     if a.list:
         return 0
-    from flashinfer.jit.cpp_ext import get_cuda_path  # the toolkit FlashInfer compiled with
-
     nvcc = subprocess.run([os.path.join(get_cuda_path(), "bin", "nvcc"), "--version"],
                           capture_output=True, text=True).stdout.strip().splitlines()
     with tempfile.TemporaryDirectory() as tmp:

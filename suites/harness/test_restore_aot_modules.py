@@ -41,3 +41,20 @@ def test_modules_of_another_version_are_not_installed(tmp_path):
     aot = tmp_path / "aot"
     said = _restore(_tarball(tmp_path, "0.7.2.post1"), aot, "0.7.4")
     assert not aot.exists() and "are for flashinfer-python 0.7.2.post1, this host has 0.7.4" in said, said
+
+
+def test_the_builder_names_what_the_toolkit_lacks_before_compiling(tmp_path):
+    """ci.build_jit_modules on a toolkit without the cuBLAS/NVRTC/cuRAND headers and the link libraries stops at
+    once, naming each and where to take it from (the first attempts on the CPU machine ran ninja into each)."""
+    import os
+    import sys
+
+    cuda = tmp_path / "cuda"
+    (cuda / "include").mkdir(parents=True)
+    (cuda / "include" / "nvrtc.h").write_text("")
+    env = {**os.environ, "CUDA_HOME": str(cuda), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "ci.build_jit_modules", "--out", str(tmp_path / "x.tgz")], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and not (tmp_path / "x.tgz").exists(), done.stdout + done.stderr
+    assert f"{cuda}/include/cublasLt.h (from the nvidia-cublas wheel" in done.stdout, done.stdout
+    assert f"{cuda}/lib64/stubs/libcuda.so" in done.stdout and "nvrtc.h" not in done.stdout, done.stdout
