@@ -12,8 +12,9 @@
 #   nightly    python -m ci.nightly into $out/night ($NIGHTLY_PROFILE, default nightly; ci = the product's profile)
 #   faulty     a faulty wrapper's test_matches_reference relabelled as the clean kernel, compare_runs against the
 #              clean folder of an earlier phase: the planted regression must be flagged (exit 1)
-#   jit        pack the JIT caches for the next fresh host: FlashInfer's (~/.cache/flashinfer) and the CuTe
-#              DSL's compiled kernels (cutlass_python_cache); .gpu/jit/fi-jit.tgz is restored by ci/setup.sh
+#   jit        pack the JIT caches for the next fresh host: FlashInfer's (~/.cache/flashinfer), the DeepGEMM
+#              cubins (~/.cache/moe-conformance) and the CuTe DSL's compiled kernels (cutlass_python_cache);
+#              .gpu/jit/fi-jit.tgz is restored by ci/setup.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 test -f ~/gpu-env.sh || { echo FRESH-HOST; exit 3; }
@@ -106,7 +107,9 @@ for phase in "$@"; do
   jit)
     cute="${CUTE_DSL_CACHE_DIR:-${TMPDIR:-/tmp}/$(id -un)/cutlass_python_cache}"
     extra=(); [ -d "$cute" ] && extra=(-C "$(dirname "$cute")" "$(basename "$cute")")
-    tar czf "$out/fi-jit.tgz" -C ~/.cache flashinfer "${extra[@]}" && ls -la "$out/fi-jit.tgz" ;;
+    # moe-conformance/: the DeepGEMM cubins (fixtures/flashinfer/deepgemm_cache.py), restored into ~/.cache too
+    own=(); [ -d ~/.cache/moe-conformance ] && own=(moe-conformance)
+    tar czf "$out/fi-jit.tgz" -C ~/.cache flashinfer "${own[@]}" "${extra[@]}" && ls -la "$out/fi-jit.tgz" ;;
   *) echo "unknown phase $phase"; exit 2 ;;
   esac
 done

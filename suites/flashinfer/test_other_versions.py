@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.api, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
 API_TESTS = ["suites/flashinfer/test_registry.py", "suites/flashinfer/test_api_surface.py",
              "suites/flashinfer/test_routing_ops.py", "suites/flashinfer/test_routing_findings.py",
-             "suites/flashinfer/test_jit_modules.py"]
+             "suites/flashinfer/test_jit_modules.py", "suites/flashinfer/test_deepgemm_cache.py"]
 
 
 @pytest.mark.parametrize("version", [v for v in ALL_VERSIONS if v != installed_version()])
