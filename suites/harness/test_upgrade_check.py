@@ -2,6 +2,7 @@
 and .venv): the API comparison of two published versions, with no GPU cases."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,14 @@ def test_a_site_folder_side_runs_its_flashinfer_in_front(tmp_path):
     side = upgrade_check.environment(str(site), tmp_path)
     assert side.site == str(site) and side.env()["PYTHONPATH"].split(":")[0] == str(site)
     assert upgrade_check.snapshot(side)["flashinfer_version"] == "0.7.2.post1"
+
+
+def test_the_sides_share_no_deepgemm_cubin_folder(tmp_path, monkeypatch):
+    """A TRTLLM_DG_CACHE_DIR of the caller's would give both versions one cubin folder whose names carry no
+    version (fixtures/flashinfer/deepgemm_cache.py): each side's environment drops it."""
+    monkeypatch.setenv("TRTLLM_DG_CACHE_DIR", str(tmp_path / "shared"))
+    side = upgrade_check.Side(Path(sys.executable), str(tmp_path))
+    assert "TRTLLM_DG_CACHE_DIR" not in side.env() and side.env()["MOE_HYPOTHESIS_PROFILE"] == "ci"
 
 
 def test_the_cases_run_on_the_specs_both_versions_register(tmp_path, monkeypatch):
