@@ -51,9 +51,9 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
-    from fixtures.flashinfer import jit_modules
-
     from flashinfer.jit.cpp_ext import get_cuda_path  # the toolkit FlashInfer compiles with
+
+    from fixtures.flashinfer import jit_modules
 
     if not a.list and (missing := missing_from_toolkit(get_cuda_path())):
         print("the CUDA toolkit FlashInfer found (CUDA_HOME, else `which nvcc`'s parent) lacks:\n  "
