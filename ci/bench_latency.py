@@ -99,6 +99,11 @@ def row(impl: str, geometry: Geometry, tokens: int, times: list[float], weight_b
             "hbm_gbs": round(gbs, 1), "hbm_frac_peak": round(gbs / H200_PEAK["hbm_gbs"], 4)}
 
 
+def _error_row(spec: str, geometry: Geometry, err: Exception, **where) -> dict:
+    """A row for what the kernel refused (a capacity, a geometry, a token count): the table says so and goes on."""
+    return {"impl": spec, "geometry": geometry.name, **where, "error": f"{type(err).__name__}: {str(err)[:200]}"}
+
+
 def _inputs(layer: LayerCase, tokens: int, device):
     b = make_batch(layer, BatchCase(tokens=(tokens,), seed=tokens), 1)
     return b.hidden_states.to(device), b.topk_ids.to(device), b.topk_weights.to(device)
@@ -119,7 +124,7 @@ def measure(spec: str, geometry: Geometry, token_counts: list[int], device, warm
         try:
             impl = FlashInferMegaLayer(d, {}, RankContext(0, 1, device), layer, w13, w2)
         except Exception as err:  # noqa: BLE001 (a refused capacity or geometry is a row of the table)
-            return [{"impl": spec, "geometry": geometry.name, "error": f"{type(err).__name__}: {str(err)[:200]}"}]
+            return [_error_row(spec, geometry, err)]
         # bytes a weight streams from HBM: E2M1 half a byte (FP8 x FP4 recipes name both, so FP4 first)
         weight_bytes = 0.5 if "fp4" in d.recipe.name else (1.0 if "fp8" in d.recipe.name else 2.0)
     rows = []
@@ -130,8 +135,7 @@ def measure(spec: str, geometry: Geometry, token_counts: list[int], device, warm
             try:
                 times = _time(lambda: impl.forward(x, ids, w), device, warmup, repeats)
             except Exception as err:  # noqa: BLE001 (a token count the kernel refuses is a row of the table)
-                rows.append({"impl": spec, "geometry": geometry.name, "tokens": tokens,
-                             "error": f"{type(err).__name__}: {str(err)[:200]}"})
+                rows.append(_error_row(spec, geometry, err, tokens=tokens))
                 print(json.dumps(rows[-1]), flush=True)
                 continue
             rows.append(row(spec, geometry, tokens, times, weight_bytes))

@@ -6,11 +6,12 @@
 # version may carry the same name (dsv3_fused_routing has no hash in it) and other code.
 set -euo pipefail
 tarball=$1 aot=$2 installed=$3
-built=$(tar xzf "$tarball" -O flashinfer-aot/BUILD_INFO | sed -n 's/^flashinfer-python //p')
+info=$(tar xzf "$tarball" -O flashinfer-aot/BUILD_INFO)
+built=$(sed -n 's/^flashinfer-python //p' <<< "$info")
 if [ "$built" != "$installed" ]; then
   echo "AOT modules of $tarball are for flashinfer-python ${built:-unknown}, this host has $installed: not installed"
   exit 0
 fi
 mkdir -p "$aot"
 tar xzf "$tarball" -C "$aot" --strip-components=1 --exclude 'flashinfer-aot/BUILD_INFO'
-echo "installed $(tar tzf "$tarball" | grep -c '\.so$') FlashInfer AOT modules ($(tar xzf "$tarball" -O flashinfer-aot/BUILD_INFO | tr '\n' ' ')) into $aot"
+echo "installed $(tar tzf "$tarball" | grep -c '\.so$') FlashInfer AOT modules ($(tr '\n' ' ' <<< "$info")) into $aot"

@@ -11,29 +11,30 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 if [ -f "$HOME/gpu-env.sh" ] && [ "${MOE_USE_VENV:-0}" != "1" ]; then
   # shellcheck disable=SC1091
   source "$HOME/gpu-env.sh"
+  # Each packed cache is restored once per host (a marker per tarball's hash); a failed restore leaves no marker
+  # and is tried again next time: "restore_once NAME TARBALL MESSAGE CMD..." (MESSAGE may be empty)
+  restore_once() {
+    local name=$1 tarball=$2 message=$3 marker
+    shift 3
+    [ -f "$tarball" ] || return 0
+    marker="$HOME/.cache/moe-$name-restored-$(sha256sum "$tarball" | cut -c1-16)"
+    [ -f "$marker" ] && return 0
+    [ -z "$message" ] || echo "$message" >&2
+    if "$@" >&2; then mkdir -p "$HOME/.cache" && touch "$marker"; fi
+  }
   jit="${MOE_JIT_CACHE:-$root/.gpu/jit/fi-jit.tgz}"
-  if [ -f "$jit" ]; then
-    marker="$HOME/.cache/moe-jit-restored-$(sha256sum "$jit" | cut -c1-16)"
-    if [ ! -f "$marker" ]; then
-      echo "restoring the FlashInfer JIT cache $jit" >&2
-      bash "$root/ci/restore_jit_cache.sh" "$jit" "$HOME/.cache" "$HOME/gpu-site" >&2 && touch "$marker"
-    fi
-  fi
+  restore_once jit "$jit" "restoring the FlashInfer JIT cache $jit" bash "$root/ci/restore_jit_cache.sh" "$jit" "$HOME/.cache" "$HOME/gpu-site"
   # FlashInfer AOT modules built without a GPU (python -m ci.build_jit_modules; MOE_JIT_AOT, default
   # .gpu/jit/fi-aot.tgz): FlashInfer loads them instead of compiling its JIT modules on this fresh host
+  install_aot() {
+    local where
+    where=$(python3 -c 'import importlib.metadata as m, flashinfer.jit.env as e; print(e.FLASHINFER_AOT_DIR, m.version("flashinfer-python"))' 2>/dev/null) \
+      || { echo "FlashInfer is not importable here: the AOT modules of $1 are not installed"; return 1; }
+    # shellcheck disable=SC2086
+    bash "$root/ci/restore_aot_modules.sh" "$1" $where
+  }
   aot="${MOE_JIT_AOT:-$root/.gpu/jit/fi-aot.tgz}"
-  if [ -f "$aot" ]; then
-    marker="$HOME/.cache/moe-aot-restored-$(sha256sum "$aot" | cut -c1-16)"
-    if [ ! -f "$marker" ]; then
-      where=$(python3 -c 'import importlib.metadata as m, flashinfer.jit.env as e; print(e.FLASHINFER_AOT_DIR, m.version("flashinfer-python"))' 2>/dev/null) || where=""
-      if [ -n "$where" ]; then
-        # shellcheck disable=SC2086
-        bash "$root/ci/restore_aot_modules.sh" "$aot" $where >&2 && mkdir -p "$HOME/.cache" && touch "$marker"
-      else
-        echo "FlashInfer is not importable here: the AOT modules of $aot are not installed" >&2
-      fi
-    fi
-  fi
+  restore_once aot "$aot" "" install_aot "$aot"  # restore_aot_modules.sh says what it installed
   echo "python3"
   exit 0
 fi

@@ -13,11 +13,16 @@ pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_parallel_phase_runs_each_job_line(tmp_path):
+@pytest.fixture
+def home(tmp_path) -> Path:
+    """A HOME for the script, which insists on a prepared GPU host; here the "host" is this interpreter."""
     home = tmp_path / "home"
     home.mkdir()
-    # the script insists on a prepared GPU host; here the "host" is this interpreter
     (home / "gpu-env.sh").write_text(f"export PATH={Path(sys.executable).parent}:$PATH\n")
+    return home
+
+
+def test_parallel_phase_runs_each_job_line(tmp_path, home):
     jobs = tmp_path / "jobs.txt"
     jobs.write_text(
         "# a comment, then a blank line\n\n"
@@ -36,13 +41,10 @@ def test_parallel_phase_runs_each_job_line(tmp_path):
     assert "2 passed" in (out / "pytest-job.log").read_text()
 
 
-def test_faulty_phase_flags_its_planted_regression(tmp_path):
+def test_faulty_phase_flags_its_planted_regression(tmp_path, home):
     """The `faulty` phase on CPU, around reference-ep: a clean run's folder, then the phase's faulty run relabelled
     as the clean implementation; compare_runs must call it a regression (on the H200 the same phase runs against
     the nightly's folder)."""
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "gpu-env.sh").write_text(f"export PATH={Path(sys.executable).parent}:$PATH\n")
     out, clean = tmp_path / "out", tmp_path / "clean"
     env = {**os.environ, "HOME": str(home), "VAL_DIR": str(out), "CLEAN_DIR": str(clean), "ARCH": "cpu",
            "FAULT_IMPL": "reference-ep", "MOE_HYPOTHESIS_EXAMPLES": "3", "MOE_USE_VENV": "1"}
