@@ -11,8 +11,12 @@ toolkit does; a bare nvcc can take them from the nvidia-cublas, nvidia-cuda-nvrt
 include folders). ``CUDA_HOME`` names the toolkit where ``which nvcc`` does not sit in it.
 
 The tarball holds ``flashinfer-aot/<name>/<name>.so`` and ``flashinfer-aot/BUILD_INFO`` (FlashInfer version,
-nvcc version, arch list); ``ci/restore_aot_modules.sh`` installs it only into the same FlashInfer version. On
-the H200 host, a module that fails to load (another C++ runtime, say) is rebuilt by FlashInfer as before.
+nvcc version, arch list); ``ci/restore_aot_modules.sh`` installs it only into the same FlashInfer version. Each
+module is checked before it is packed, and again before it is installed, for the one fault that a build without
+a GPU can make and that FlashInfer cannot recover from: calls into the CUDA driver without libcuda.so.1 among its
+NEEDED libraries (``ci/aot_linkage.py``). Such a module is not a load failure that FlashInfer would rebuild: the
+dynamic loader ends the process at the module's first driver call (the H200, 2026-12-01, eighth session: every
+module built against an empty libcuda stub, exit 127 in the middle of the run).
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ci import ROOT
+from ci import ROOT, aot_linkage, driver_stub
 
 # What the modules' sources include or link beyond nvcc itself, and where a bare nvcc can take it from; a full
 # toolkit has all of it (this project's CPU machine, 2026-12-01, had none of it: ninja stopped on each in turn)
@@ -35,13 +39,22 @@ TOOLKIT_NEEDS = (
     ("include/nvrtc.h", "the nvidia-cuda-nvrtc wheel's nvidia/cu13/include"),
     ("include/curand_kernel.h", "the nvidia-curand wheel's nvidia/cu13/include"),
     ("lib64/libcudart.so", "the toolkit's cudart (nvidia-cuda-runtime wheel: nvidia/cu13/lib)"),
-    ("lib64/stubs/libcuda.so", "the toolkit's driver stub (any libcuda.so with soname libcuda.so.1 links)"),
+    ("lib64/stubs/libcuda.so", "the toolkit's driver stub; without a toolkit, python -m ci.driver_stub writes one"),
 )
+STUB = "lib64/stubs/libcuda.so"
 
 
 def missing_from_toolkit(cuda_home: str | Path) -> list[str]:
-    """What TOOLKIT_NEEDS lacks under ``cuda_home``, each with where to take it from."""
-    return [f"{cuda_home}/{rel} (from {source})" for rel, source in TOOLKIT_NEEDS if not (Path(cuda_home) / rel).exists()]
+    """What TOOLKIT_NEEDS lacks under ``cuda_home``, each with where to take it from. The driver stub must also
+    define the driver's symbols: one that only carries the soname links, and the modules it makes end the GPU
+    host's process (ci/aot_linkage.py; an empty stub did so on the H200, 2026-12-01)."""
+    missing = [f"{cuda_home}/{rel} (from {source})" for rel, source in TOOLKIT_NEEDS
+               if not (Path(cuda_home) / rel).exists()]
+    stub = Path(cuda_home) / STUB
+    if stub.exists() and not driver_stub.exports_driver(stub):
+        missing.append(f"{stub} defines no driver symbol ({driver_stub.PROBE}): the modules would not list "
+                       f"libcuda.so.1; python -m ci.driver_stub writes a stub that does")
+    return missing
 
 
 def main(argv=None) -> int:
@@ -72,13 +85,21 @@ def main(argv=None) -> int:
                 print(f"{kernel}: {spec.name} <- {call}")
                 continue
             started = time.monotonic()
+            library = Path(spec.jit_library_path)
             try:
                 spec.build(need_lock=True)
+                if aot_linkage.unfit(library):  # linked before the stub was mended? ninja does not track -lcuda
+                    library.unlink()
+                    spec.build(need_lock=True)
             except Exception as err:  # noqa: BLE001 (the next module may still build; the summary says which not)
                 failed.append(spec.name)
                 print(f"{kernel}: {spec.name} FAILED: {type(err).__name__}: {str(err)[-600:]}", flush=True)
                 continue
-            built[spec.name] = Path(spec.jit_library_path)
+            if why := aot_linkage.unfit(library):
+                failed.append(spec.name)
+                print(f"{kernel}: {spec.name} built, NOT PACKED: {why}", flush=True)
+                continue
+            built[spec.name] = library
             print(f"{kernel}: {spec.name} built in {time.monotonic() - started:.0f} s", flush=True)
     if a.list:
         return 0

@@ -90,9 +90,11 @@ def phase_commands(arch: str, devices: list[int], out: Path, extra: list[str]) -
     return [("ep1", [*ep1, *extra], env1), ("ep2-8", [*rest, *extra], {})]
 
 
-def run(cmd: list, env: dict, log: Path, timeout: float) -> tuple[int, float]:
-    """Run a phase, its output into ``log``; the progress lines (fixtures.progress) also to this console."""
-    started = time.monotonic()
+def run(cmd: list, env: dict, log: Path, timeout: float) -> tuple[int, float, str]:
+    """Run a phase, its output into ``log``; the progress lines (fixtures.progress) also to this console. Returns
+    the exit status, the seconds and the last line of output: where a process dies without a summary (the dynamic
+    loader's "symbol lookup error", exit 127, on the H200) that line is the only word on why."""
+    started, last = time.monotonic(), ""
     with open(log, "a") as fh:
         fh.write(f"$ {' '.join(cmd)}\n")
         proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
@@ -102,13 +104,14 @@ def run(cmd: list, env: dict, log: Path, timeout: float) -> tuple[int, float]:
         try:
             for line in proc.stdout:
                 fh.write(line)
+                last = line.strip() or last
                 if "[progress]" in line:
                     print(line[line.index("[progress]"):].rstrip(), flush=True)
             code = proc.wait()
         finally:
             timed_out = not timer.is_alive()
             timer.cancel()
-    return (124 if timed_out and code != 0 else code), round(time.monotonic() - started, 1)
+    return (124 if timed_out and code != 0 else code), round(time.monotonic() - started, 1), last[-400:]
 
 
 def main(argv=None) -> int:
@@ -146,14 +149,14 @@ def main(argv=None) -> int:
     print(f"nightly: {arch}, {len(devices)} GPU(s), profile {a.profile}, results in {out}", flush=True)
     for name, cmd, env in phase_commands(arch, devices, out, extra):
         print(f"nightly: phase {name}: {' '.join(cmd)}", flush=True)
-        code, seconds = run(cmd, {**common, **env}, log, a.phase_timeout)
-        env_info["phases"][name] = {"exit": code, "seconds": seconds}
+        code, seconds, last = run(cmd, {**common, **env}, log, a.phase_timeout)
+        env_info["phases"][name] = {"exit": code, "seconds": seconds, "last_line": last}
         print(f"nightly: phase {name} exit {code} after {seconds} s", flush=True)
         worst = worst if code in (0, 5) else max(worst, 1)
     if devices and not a.no_latency:
-        code, seconds = run([python, "-m", "ci.bench_latency", "--json", str(out / "latency.json")], common, log,
-                            a.phase_timeout)
-        env_info["phases"]["latency"] = {"exit": code, "seconds": seconds}
+        code, seconds, last = run([python, "-m", "ci.bench_latency", "--json", str(out / "latency.json")], common,
+                                  log, a.phase_timeout)
+        env_info["phases"]["latency"] = {"exit": code, "seconds": seconds, "last_line": last}
     (out / "env.json").write_text(json.dumps(env_info, indent=1))
     from ci import report
     for path in report.write(out):

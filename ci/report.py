@@ -32,7 +32,7 @@ STATISTICS = {
 
 # pytest's exit codes beyond pass (0), failed tests (1) and nothing collected (5); 124: the phase's timeout
 EXIT_MEANING = {2: "interrupted", 3: "internal error", 4: "pytest usage error: no test ran", 124: "timed out",
-                139: "segmentation fault"}
+                127: "a command not found, or the dynamic loader ended the process", 139: "segmentation fault"}
 
 
 def outcomes(folder: Path) -> Counter:
@@ -122,9 +122,10 @@ def markdown(folder: Path, images: list[Path]) -> str:
         parts += ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in env.items()] + [""]
     parts += ["## Outcome", "", ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no JUnit file", ""]
     # A phase that failed outright (a usage error, a crash, a timeout) says so first: a report of no tests is no pass
-    broken = {name: ph.get("exit") for name, ph in env.get("phases", {}).items() if ph.get("exit") not in (0, 1, 5)}
-    parts += [f"**FAILED: phase {name} exited {code}** ({EXIT_MEANING.get(code, 'see nightly.log')})"
-              for name, code in broken.items()] + ([""] if broken else [])
+    broken = {name: ph for name, ph in env.get("phases", {}).items() if ph.get("exit") not in (0, 1, 5)}
+    parts += [f"**FAILED: phase {name} exited {ph.get('exit')}** ({EXIT_MEANING.get(ph.get('exit'), 'see nightly.log')})"
+              + (f"; its last output: `{ph['last_line'].replace('`', chr(39))}`" if ph.get("last_line") else "")
+              for name, ph in broken.items()] + ([""] if broken else [])
     placements = {(rec.impl, rec.ep): rec.placement for rec in case_records(folder) if rec.placement}
     parts += ["## Per backend and EP size", "", summarise_cases.markdown(summarise_cases.summarise(case_records(folder))),
               "", bench_cases.table(bench_cases.summarise(case_records(folder))), ""]

@@ -31,6 +31,7 @@ def test_a_cpu_nightly_writes_the_whole_folder(tmp_path):
     assert list(out.glob("cases-*.jsonl")), "no per-case records"
     env = json.loads((out / "env.json").read_text())
     assert env["arch"] == "cpu" and set(env["phases"]) == {"all"} and env["commit"]
+    assert " passed" in env["phases"]["all"]["last_line"], env["phases"]  # pytest's summary line, kept for the report
     text = (out / "report.md").read_text()
     assert "reference-ep | 8 |" in text and "cpu" in text  # per EP size, and where the ranks were placed
 

@@ -48,6 +48,18 @@ def test_a_phase_that_ran_no_test_is_a_failure_on_the_first_lines(tmp_path):
     assert "phase latency" not in text
 
 
+def test_a_phase_the_loader_ended_quotes_its_last_output(tmp_path):
+    """The H200 nightly of 2026-12-01 (eighth session): an AOT module's missing driver symbol ended pytest and the
+    latency bench with exit 127, no summary, and the report said only 'see nightly.log'."""
+    died = "python3: symbol lookup error: /x/sm90_push_fp8_moe_gemm.so: undefined symbol: cuLibraryLoadData"
+    (tmp_path / "env.json").write_text(json.dumps({"phases": {"all": {"exit": 127, "seconds": 48.6,
+                                                                      "last_line": died}}}))
+    report.write(tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert ("**FAILED: phase all exited 127** (a command not found, or the dynamic loader ended the process); "
+            f"its last output: `{died}`") in text, text
+
+
 def test_the_report_draws_each_distribution_against_its_tolerance(folder):
     for name in ("rel_l2", "row_rel_max", "band_units_max", "gain", "cases_per_minute"):
         png = folder / "plots" / f"{name}.png"

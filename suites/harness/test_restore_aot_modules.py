@@ -8,14 +8,20 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.harness, pytest.mark.cpu]
+from fixtures.shared_objects import CC, DRIVER_CALLER, NO_DRIVER, compile_so
+
+pytestmark = [pytest.mark.harness, pytest.mark.cpu,
+              pytest.mark.skipif(CC is None, reason="no C compiler (cc/gcc) to build the stand-in modules")]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _tarball(tmp_path: Path, version: str) -> Path:
+def _tarball(tmp_path: Path, version: str, unfit: bool = False) -> Path:
+    """mod_abc (no driver calls), and with ``unfit`` mod_bad: a driver call linked against an empty libcuda stub."""
     src = tmp_path / "src" / "flashinfer-aot"
-    (src / "mod_abc").mkdir(parents=True)
-    (src / "mod_abc" / "mod_abc.so").write_bytes(b"\x7fELF stand-in")
+    compile_so(src / "mod_abc", "mod_abc.so", NO_DRIVER)
+    if unfit:
+        empty = compile_so(tmp_path / "empty-stub", "libcuda.so", "", soname="libcuda.so.1")
+        compile_so(src / "mod_bad", "mod_bad.so", DRIVER_CALLER, f"-L{empty.parent}", "-lcuda")
     (src / "BUILD_INFO").write_text(f"flashinfer-python {version}\narch 9.0a\nnvcc V13.0.88\n")
     out = tmp_path / "fi-aot.tgz"
     with tarfile.open(out, "w:gz") as tar:
@@ -33,8 +39,18 @@ def _restore(tarball: Path, aot: Path, installed: str) -> str:
 def test_modules_land_where_flashinfer_looks(tmp_path):
     aot = tmp_path / "site" / "flashinfer" / "data" / "aot"
     said = _restore(_tarball(tmp_path, "0.7.4"), aot, "0.7.4")
-    assert (aot / "mod_abc" / "mod_abc.so").read_bytes() == b"\x7fELF stand-in"
-    assert not (aot / "BUILD_INFO").exists() and "installed 1 FlashInfer AOT modules" in said, said
+    assert (aot / "mod_abc" / "mod_abc.so").read_bytes() == (tmp_path / "src/flashinfer-aot/mod_abc/mod_abc.so").read_bytes()
+    assert not (aot / "BUILD_INFO").exists() and "installed 1 of 1 FlashInfer AOT modules" in said, said
+
+
+def test_a_module_that_would_end_the_run_is_not_installed(tmp_path):
+    """The H200's crash (2026-12-01): a module calling the driver without libcuda.so.1 among its NEEDED libraries.
+    It is left out, by name and with the symbol, so FlashInfer compiles it; the others are installed."""
+    aot = tmp_path / "aot"
+    said = _restore(_tarball(tmp_path, "0.7.4", unfit=True), aot, "0.7.4")
+    assert (aot / "mod_abc" / "mod_abc.so").exists() and not (aot / "mod_bad").exists(), said
+    assert "not installed: mod_bad.so calls the CUDA driver (cuLibraryLoadData)" in said, said
+    assert "installed 1 of 2 FlashInfer AOT modules" in said, said
 
 
 def test_modules_of_another_version_are_not_installed(tmp_path):
@@ -58,3 +74,23 @@ def test_the_builder_names_what_the_toolkit_lacks_before_compiling(tmp_path):
     assert done.returncode == 2 and not (tmp_path / "x.tgz").exists(), done.stdout + done.stderr
     assert f"{cuda}/include/cublasLt.h (from the nvidia-cublas wheel" in done.stdout, done.stdout
     assert f"{cuda}/lib64/stubs/libcuda.so" in done.stdout and "nvrtc.h" not in done.stdout, done.stdout
+
+
+def test_the_builder_refuses_a_driver_stub_that_defines_nothing(tmp_path):
+    """The CPU machine's first stub carried the soname and no symbol: the modules it linked ended the H200's run."""
+    import os
+    import sys
+
+    cuda = tmp_path / "cuda"
+    for header in ("cublasLt.h", "nvrtc.h", "curand_kernel.h"):
+        (cuda / "include").mkdir(parents=True, exist_ok=True)
+        (cuda / "include" / header).write_text("")
+    (cuda / "lib64").mkdir()
+    (cuda / "lib64" / "libcudart.so").write_text("")
+    compile_so(cuda / "lib64" / "stubs", "libcuda.so", "", soname="libcuda.so.1")
+    env = {**os.environ, "CUDA_HOME": str(cuda), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "ci.build_jit_modules", "--out", str(tmp_path / "x.tgz")], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and not (tmp_path / "x.tgz").exists(), done.stdout + done.stderr
+    assert "libcuda.so defines no driver symbol (cuGetErrorString)" in done.stdout, done.stdout
+    assert "python -m ci.driver_stub" in done.stdout and "cublasLt.h" not in done.stdout, done.stdout

@@ -1,0 +1,88 @@
+"""ci/aot_linkage.py and ci/driver_stub.py on CPU, with modules compiled here. The H200 ended the run at the first
+call of an AOT module built against a libcuda stub that defined nothing (2026-12-01, "symbol lookup error:
+undefined symbol: cuLibraryLoadData", exit 127); these tests hold the rule that predicts it to the dynamic loader's
+own verdict (dlopen with RTLD_NOW, which resolves every symbol at once instead of at the first call)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ci import aot_linkage, driver_stub
+from fixtures.shared_objects import CC, DRIVER_CALLER, FAKE_CUDA_H, NO_DRIVER, compile_so
+
+pytestmark = [pytest.mark.harness, pytest.mark.cpu,
+              pytest.mark.skipif(CC is None, reason="no C compiler (cc/gcc) to build the stand-in modules")]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def stubs(tmp_path):
+    """An empty stub (soname only, as this project's CPU machine had) and one ci.driver_stub writes from a cuda.h."""
+    empty = compile_so(tmp_path / "empty", "libcuda.so", "", soname="libcuda.so.1")
+    cuda = tmp_path / "cuda"
+    (cuda / "include").mkdir(parents=True)
+    (cuda / "include" / "cuda.h").write_text(FAKE_CUDA_H)
+    made = cuda / "lib64" / "stubs" / "libcuda.so"
+    assert driver_stub.write(cuda, made, CC) == 4  # the three declared, and cuCtxCreate's macro spelling
+    return empty, made
+
+
+def _loads_with_rtld_now(module: Path, library_path: Path) -> subprocess.CompletedProcess:
+    code = f"import ctypes, os; ctypes.CDLL({str(module)!r}, mode=os.RTLD_NOW)"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "LD_LIBRARY_PATH": str(library_path)})
+
+
+def test_the_written_stub_defines_every_spelling_and_carries_the_soname(stubs):
+    empty, made = stubs
+    defined = set(aot_linkage.dynamic_symbols(made, defined=True))
+    assert {"cuGetErrorString", "cuLibraryLoadData", "cuCtxCreate", "cuCtxCreate_v4"} <= defined, defined
+    assert driver_stub.exports_driver(made) and not driver_stub.exports_driver(empty)
+
+
+def test_a_module_linked_against_an_empty_stub_is_unfit_and_the_loader_agrees(stubs, tmp_path):
+    empty, _ = stubs
+    module = compile_so(tmp_path / "bad", "mod.so", DRIVER_CALLER, f"-L{empty.parent}", "-lcuda")
+    why = aot_linkage.unfit(module)
+    assert why and "cuLibraryLoadData" in why and "libcuda.so.1" in why, why
+    assert "libcuda.so.1" not in aot_linkage.needed(module)
+    # the loader, with a libcuda.so.1 that does define the symbol on its path, still cannot resolve it: the module
+    # does not ask for that library (on the GPU host torch holds the driver RTLD_LOCAL, to the same effect)
+    (empty.parent / "libcuda.so.1").symlink_to(stubs[1])
+    done = _loads_with_rtld_now(module, empty.parent)
+    assert done.returncode != 0 and "undefined symbol: cuLibraryLoadData" in done.stderr, done.stderr
+
+
+def test_a_module_linked_against_the_written_stub_is_fit_and_loads(stubs, tmp_path):
+    _, made = stubs
+    module = compile_so(tmp_path / "good", "mod.so", DRIVER_CALLER, f"-L{made.parent}", "-lcuda")
+    assert aot_linkage.unfit(module) is None and "libcuda.so.1" in aot_linkage.needed(module)
+    (made.parent / "libcuda.so.1").symlink_to(made)
+    done = _loads_with_rtld_now(module, made.parent)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_module_without_driver_calls_is_fit_and_a_non_elf_file_is_not(tmp_path):
+    assert aot_linkage.unfit(compile_so(tmp_path, "plain.so", NO_DRIVER)) is None
+    junk = tmp_path / "junk.so"
+    junk.write_bytes(b"\x7fELF stand-in")
+    assert "not an ELF shared object" in (aot_linkage.unfit(junk) or "")
+
+
+def test_without_readelf_every_module_is_unfit(tmp_path, monkeypatch):
+    module = compile_so(tmp_path, "plain.so", NO_DRIVER)
+    monkeypatch.setattr(aot_linkage.shutil, "which", lambda name: None)
+    assert "readelf not found" in (aot_linkage.unfit(module) or "")
+
+
+def test_the_command_names_each_unfit_module_and_exits_1(stubs, tmp_path):
+    empty, made = stubs
+    compile_so(tmp_path / "mods" / "bad", "bad.so", DRIVER_CALLER, f"-L{empty.parent}", "-lcuda")
+    compile_so(tmp_path / "mods" / "good", "good.so", DRIVER_CALLER, f"-L{made.parent}", "-lcuda")
+    done = subprocess.run([sys.executable, "-m", "ci.aot_linkage", "--names", str(tmp_path / "mods")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and done.stdout.split() == [str(tmp_path / "mods" / "bad" / "bad.so")], done.stdout
