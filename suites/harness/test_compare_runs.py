@@ -172,9 +172,14 @@ def test_a_failure_its_test_expected_is_not_a_regression(tmp_path):
     _junit(new, {"test_fault[k]": "passed"})
     code, lines = compare_runs.compare(old, new)
     assert code == 0 and not any("REGRESSION" in line for line in lines), lines
-    _junit(new, {"test_fault[k]": "failed"})  # the same record in a test that failed: a regression
+    _junit(new, {"test_fault[k]": "failed"})  # the same record in a test that failed: the test is the regression
     code, lines = compare_runs.compare(old, new)
-    assert code == 1 and "REGRESSION new failure: [systematic] faulty:scale_1e-2@k at EP1" in lines, lines
+    assert code == 1 and "REGRESSION new failing test: suites/m.py::test_fault[k]" in lines, lines
+    plain = {**caught, "impl": "k", "test": "suites/m.py::test_matches[k]"}  # a backend's own record in it counts
+    (new / "failures-main.jsonl").write_text(json.dumps(plain) + "\n")
+    _junit(new, {"test_fault[k]": "passed", "test_matches[k]": "failed"})
+    code, lines = compare_runs.compare(old, new)
+    assert code == 1 and "REGRESSION new failure: [systematic] k at EP1" in lines, lines
 
 
 def test_a_failing_test_without_a_failure_record_is_a_regression(tmp_path):
@@ -236,3 +241,24 @@ def test_a_finding_appears_only_against_a_run_that_tested_it(tmp_path):
     assert code == 0 and not any(line.startswith("REGRESSION") for line in lines), lines
     _findings(new, [("F3", False)])
     assert "finding vanished: F3 on k" in compare_runs.compare(old, new)[1]
+
+
+def test_a_narrower_new_run_fixes_nothing_it_did_not_run(tmp_path):
+    """H200, 2026-12-01 (eighth session): a product run cut off by the lease (no JUnit file; its caught fault
+    wrappers' records all count) against a faulty-wrapper run of one backend listed 45 "fixed" failures of
+    implementations NEW never ran. A fault wrapper's record is a catch, not a failure; so is one a finding's test
+    wrote; another backend's is "not tested in NEW"; and the missing JUnit file is named."""
+    import json
+
+    old, new = _folder(tmp_path / "a", [0.005] * 5), _folder(tmp_path / "b", [0.005] * 5)
+    caught = {"check": "oracle", "impl": "faulty:gate_up_swapped@other", "ep": 1, "test": "suites/m.py::test_fault"}
+    mine = {"check": "oracle", "impl": "k", "ep": 1, "test": "suites/m.py::test_matches"}
+    other = {**mine, "impl": "other"}
+    xfail = {"check": "routing-op", "impl": "op", "ep": 0, "test": "suites/r.py::test_finding"}
+    (old / "failures-main.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (caught, mine, other, xfail)))
+    (old / "findings-main.jsonl").write_text(json.dumps({"test": xfail["test"], "impl": "op", "finding": "F8",
+                                                         "reproduced": True}) + "\n")
+    code, lines = compare_runs.compare(old, new)
+    assert "failed in OLD, not tested in NEW: [oracle] other at EP1" in lines, lines
+    assert "fixed: [oracle] k at EP1" in lines and not any("faulty" in line or "[routing-op]" in line for line in lines)
+    assert sum("holds no JUnit file" in line for line in lines) == 2 and code == 0, lines
