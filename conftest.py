@@ -152,7 +152,12 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(line)
 
 
+def pytest_runtest_logstart(nodeid, location):
+    results.mark_running(nodeid)
+
+
 def pytest_sessionfinish(session, exitstatus):
+    results.mark_running(None)
     close_all()
 
 

@@ -7,7 +7,12 @@ process at the first call ("symbol lookup error: ... undefined symbol: cuLibrary
 summary; the H200, 2026-12-01, eighth session). A module linked against a libcuda stub that exports nothing comes
 out that way, because the linker's ``--as-needed`` drops a library that defines none of the symbols.
 
-    python -m ci.aot_linkage [--names] PATH...   # each a module (.so) or a folder of them; exit 1 if one is unfit
+    python -m ci.aot_linkage [--names] [--load] PATH...   # modules (.so) or folders of them; exit 1 if one is unfit
+
+``--load`` also loads each module in a process like FlashInfer's (torch and tvm_ffi imported) with ``RTLD_NOW``,
+which binds every symbol at load: any symbol this host cannot supply is then an error, not a death at its first
+call. On the CPU machine, FlashInfer's own loader under ``LD_BIND_NOW=1`` refused the 7 modules this rule names,
+and loaded the other 9 and all 16 of the rebuilt tarball (a libcuda.so.1 stub on the library path).
 
 Needs binutils' ``readelf``. Where it is missing, every module counts as unfit: an unchecked module can end the
 run, and a module left out is only compiled by FlashInfer as usual.
@@ -33,7 +38,8 @@ def _readelf(path: Path, *flags: str) -> str:
         raise RuntimeError("readelf not found (binutils): linkage not checked")
     done = subprocess.run([tool, "-W", *flags, str(path)], capture_output=True, text=True, timeout=60)
     if done.returncode != 0:
-        raise RuntimeError(f"not an ELF shared object ({done.stderr.strip().splitlines()[-1] if done.stderr else 'readelf failed'})")
+        said = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "readelf failed"
+        raise RuntimeError(f"not an ELF shared object ({said})")
     return done.stdout
 
 
@@ -65,6 +71,39 @@ def unfit(path: Path) -> str | None:
     return None
 
 
+# FlashInfer's process holds torch and tvm_ffi before it loads a module (tvm_ffi's symbols come from there, and
+# libcudart from torch); RTLD_NOW binds every symbol at once, so a missing one is an error here, not a death later
+_LOADER = """
+import ctypes, os, sys
+for name in ("torch", "tvm_ffi"):
+    try:
+        __import__(name)
+    except ImportError:
+        pass
+for path in sys.argv[1:]:
+    try:
+        ctypes.CDLL(path, mode=os.RTLD_NOW)
+    except OSError as err:
+        print(path + "\t" + str(err).replace(path + ": ", ""), flush=True)
+"""
+
+
+def load_failures(paths: list[Path], python: str = sys.executable) -> dict[Path, str]:
+    """Each module of ``paths`` that a process like FlashInfer's cannot load with every symbol bound, and why. A
+    check for this host: another host has other libraries (the CPU machine has no libcuda.so.1 at all)."""
+    if not paths:
+        return {}
+    try:
+        done = subprocess.run([python, "-c", _LOADER, *map(str, paths)], capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return {p: "the bind-now load did not end within 600 s" for p in paths}
+    if done.returncode != 0:  # a static constructor that ends the process: none of them is trusted
+        return {p: f"the bind-now load ended its process (status {done.returncode}): {done.stderr.strip()[-300:]}"
+                for p in paths}
+    failed = dict(line.split("\t", 1) for line in done.stdout.splitlines() if "\t" in line)
+    return {Path(p): f"would not load with every symbol bound: {why}" for p, why in failed.items()}
+
+
 def modules(paths: list[Path]) -> list[Path]:
     return [m for p in paths for m in (sorted(p.rglob("*.so")) if p.is_dir() else [p])]
 
@@ -73,14 +112,17 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("paths", type=Path, nargs="+")
     p.add_argument("--names", action="store_true", help="print only the unfit modules' paths, one a line")
+    p.add_argument("--load", action="store_true",
+                   help="also load each module here with every symbol bound (on the GPU host, before installing)")
     a = p.parse_args(argv)
-    bad = 0
-    for module in modules(a.paths):
-        why = unfit(module)
-        bad += why is not None
-        if why is not None:
-            print(module if a.names else f"{module}: {why}")
-    return 1 if bad else 0
+    found = modules(a.paths)
+    why = {m: reason for m in found if (reason := unfit(m))}
+    if a.load:
+        why.update(load_failures([m for m in found if m not in why]))
+    for module in found:
+        if module in why:
+            print(module if a.names else f"{module}: {why[module]}")
+    return 1 if why else 0
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import json
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -167,9 +168,10 @@ def main(argv=None) -> int:
     for name in a.geometry.split(","):
         for spec in specs:
             rows += measure(spec, GEOMETRIES[name], [int(t) for t in a.tokens.split(",")], device, a.warmup, a.repeats)
-    if a.json:
-        with open(a.json, "w") as fh:
-            json.dump({"device": str(device), "peaks": H200_PEAK, "rows": rows}, fh, indent=1)
+            if a.json:  # after each backend: a process that dies in the next (exit 127 on the H200) keeps these
+                tmp = Path(f"{a.json}.tmp")
+                tmp.write_text(json.dumps({"device": str(device), "peaks": H200_PEAK, "rows": rows}, indent=1))
+                tmp.replace(a.json)
     return 0
 
 

@@ -72,7 +72,7 @@ def _failures(folder: Path) -> set[tuple[str, str, int]]:
     """The (check, implementation, EP size) of every failure record, except those a test expected: written in a
     test whose JUnit outcome is not a failure (a fault wrapper the test demands be caught, a finding's xfail), and
     any of a fault wrapper (``faulty:...``), whose record is a catch whatever the JUnit file says or lacks (a run
-    cut short writes none: the eighth H200 run's 44 catches read as new failures), and any written in a test that
+    cut short writes none: the eighth H200 run's 42 catches read as new failures), and any written in a test that
     reproduced a finding. A wrapper not caught fails its test without a record, which the JUnit comparison
     reports."""
     outcomes = junit_outcomes(folder)
@@ -184,7 +184,8 @@ def compare(old: Path, new: Path) -> tuple[int, list[str]]:
         report.append(f"REGRESSION new failure: [{check}] {impl} at EP{ep}")
         regressed = True
     # fixed only where NEW ran that implementation at that EP size; a narrower NEW did not fix what it skipped
-    report += [f"fixed: [{c}] {i} at EP{e}" if (i, e) in seen_new else f"failed in OLD, not tested in NEW: [{c}] {i} at EP{e}"
+    report += [(f"fixed: [{c}] {i} at EP{e}" if (i, e) in seen_new
+                else f"failed in OLD, not tested in NEW: [{c}] {i} at EP{e}")
                for c, i, e in sorted(failed_old - failed_new)]
     for name, folder in (("OLD", old), ("NEW", new)):
         if not junit_outcomes(folder):  # a run cut short writes none

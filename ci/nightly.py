@@ -124,7 +124,9 @@ def main(argv=None) -> int:
     p.add_argument("--phase-timeout", type=float, default=6 * 3600)
     a, extra = p.parse_known_args(argv)
     extra = [x for x in extra if x != "--"]
-    python = subprocess.run(["bash", "ci/setup.sh"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    # set-up's messages (which cached modules it installed, which it left out) go to this job's log
+    python = subprocess.run(["bash", "ci/setup.sh"], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                            check=True).stdout.strip()
     if importlib.util.find_spec("torch") is None:  # a bare interpreter: go on in the suite's environment
         os.execv(python, [python, "-m", "ci.nightly", *(sys.argv[1:] if argv is None else argv)])
     from fixtures import arch as arches

@@ -12,13 +12,14 @@ if [ "$built" != "$installed" ]; then
   echo "AOT modules of $tarball are for flashinfer-python ${built:-unknown}, this host has $installed: not installed"
   exit 0
 fi
-# Each module is checked first (ci/aot_linkage.py): one that calls the CUDA driver without listing libcuda.so.1
-# would not fail to load, it would end the run at its first driver call; left out, FlashInfer compiles it here
+# Each module is checked first (ci/aot_linkage.py): one that calls the CUDA driver without listing libcuda.so.1,
+# or needs any symbol this host cannot supply, would not fail to load, it would end the run at its first call
+# (--load binds every symbol at load to find out); left out, FlashInfer compiles it here
 staged=$(mktemp -d)
 trap 'rm -rf "$staged"' EXIT
 tar xzf "$tarball" -C "$staged" --strip-components=1 --exclude 'flashinfer-aot/BUILD_INFO'
 root="$(cd "$(dirname "$0")/.." && pwd)"
-unfit=$(PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" python3 -m ci.aot_linkage "$staged" || true)  # "path: why"
+unfit=$(PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" python3 -m ci.aot_linkage --load "$staged" || true)  # "path: why"
 while IFS= read -r line; do
   [ -n "$line" ] || continue
   module=${line%%: *}

@@ -86,3 +86,20 @@ def test_the_command_names_each_unfit_module_and_exits_1(stubs, tmp_path):
     done = subprocess.run([sys.executable, "-m", "ci.aot_linkage", "--names", str(tmp_path / "mods")], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stdout.split() == [str(tmp_path / "mods" / "bad" / "bad.so")], done.stdout
+
+
+def test_the_load_check_finds_what_the_driver_rule_cannot(stubs, tmp_path):
+    """--load binds every symbol at load in a process like FlashInfer's: a symbol no library here defines is an
+    error there, which the readelf rule does not see; a module whose libraries are all found loads."""
+    _, made = stubs
+    orphan = compile_so(tmp_path / "orphan", "orphan.so", "int nowhere(void);\nint entry(void) { return nowhere(); }\n")
+    driver = compile_so(tmp_path / "driver", "driver.so", DRIVER_CALLER, f"-L{made.parent}", "-lcuda")
+    plain = compile_so(tmp_path / "plain", "plain.so", NO_DRIVER)
+    assert aot_linkage.unfit(orphan) is None and aot_linkage.unfit(driver) is None
+    found = aot_linkage.load_failures([orphan, plain])
+    assert set(found) == {orphan} and "undefined symbol: nowhere" in found[orphan], found
+    (made.parent / "libcuda.so.1").symlink_to(made)
+    env = {**os.environ, "LD_LIBRARY_PATH": str(made.parent)}
+    done = subprocess.run([sys.executable, "-m", "ci.aot_linkage", "--load", "--names", str(tmp_path / "driver"),
+                           str(tmp_path / "plain")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and not done.stdout, done.stdout + done.stderr  # the driver found: it loads

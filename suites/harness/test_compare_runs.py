@@ -245,7 +245,7 @@ def test_a_finding_appears_only_against_a_run_that_tested_it(tmp_path):
 
 def test_a_narrower_new_run_fixes_nothing_it_did_not_run(tmp_path):
     """H200, 2026-12-01 (eighth session): a product run cut off by the lease (no JUnit file; its caught fault
-    wrappers' records all count) against a faulty-wrapper run of one backend listed 45 "fixed" failures of
+    wrappers' records all count) against a faulty-wrapper run of one backend listed 44 "fixed" failures of
     implementations NEW never ran. A fault wrapper's record is a catch, not a failure; so is one a finding's test
     wrote; another backend's is "not tested in NEW"; and the missing JUnit file is named."""
     import json

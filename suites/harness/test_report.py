@@ -79,6 +79,24 @@ def test_the_torch_baseline_times_on_cpu_and_lands_in_the_table(tmp_path):
     assert "## Latency" in report.markdown(tmp_path, [])
 
 
+def test_the_rows_of_finished_backends_survive_a_later_one_dying(tmp_path, monkeypatch):
+    """H200, 2026-12-01 (eighth session): the bench died in its fourth backend (exit 127) and its JSON, written at
+    the end, was lost with the three backends it had timed; it is now written after each backend."""
+    out, real = tmp_path / "lat.json", bench_latency.measure
+
+    def measure(spec, *args):
+        if spec != "torch":
+            raise RuntimeError("stands in for the process dying")
+        return real(spec, *args)
+
+    monkeypatch.setattr(bench_latency, "measure", measure)
+    with pytest.raises(RuntimeError):
+        bench_latency.main(["--device", "cpu", "--geometry", "tiny", "--tokens", "8", "--repeats", "2",
+                            "--impl", "torch", "--impl", "next", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["impl"], r["tokens"]) for r in rows] == [("torch", 8)], rows
+
+
 def test_the_cpu_workflow_runs_the_readme_test_command():
     workflow = (ROOT / ".github" / "workflows" / "cpu.yml").read_text()
     readme = (ROOT / "README.md").read_text()
