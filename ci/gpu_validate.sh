@@ -15,6 +15,9 @@
 #   jit        pack the JIT caches for the next fresh host: FlashInfer's (~/.cache/flashinfer), the DeepGEMM
 #              cubins (~/.cache/moe-conformance) and the CuTe DSL's compiled kernels (cutlass_python_cache);
 #              .gpu/jit/fi-jit.tgz is restored by ci/setup.sh
+#   done       mark $out/DONE: the phases before it are over (for `wait`)
+#   wait       from a later call: wait up to WAIT_S s for $out/DONE, then print where the run stands
+#   snapshot   from a later call: the log folder and the JIT caches into $SNAP_DIR, whatever phase is running
 set -uo pipefail
 cd "$(dirname "$0")/.."
 test -f ~/gpu-env.sh || { echo FRESH-HOST; exit 3; }
@@ -25,6 +28,19 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 arch="${ARCH:-sm90}"
 stamp() { echo "=== $(date -u +%FT%TZ) $*"; }
+# FlashInfer's JIT cache (~/.cache/flashinfer), the DeepGEMM cubins (~/.cache/moe-conformance:
+# fixtures/flashinfer/deepgemm_cache.py) and the CuTe DSL's compiled kernels, into one tarball that
+# ci/setup.sh restores on the next fresh host
+pack_jit() {
+  local cute="${CUTE_DSL_CACHE_DIR:-${TMPDIR:-/tmp}/$(id -un)/cutlass_python_cache}" extra=() own=() have=()
+  [ -d "$cute" ] && extra=(-C "$(dirname "$cute")" "$(basename "$cute")")
+  [ -d ~/.cache/flashinfer ] && have=(flashinfer)
+  [ -d ~/.cache/moe-conformance ] && own=(moe-conformance)
+  if [ ${#have[@]} -eq 0 ] && [ ${#own[@]} -eq 0 ] && [ ${#extra[@]} -eq 0 ]; then
+    echo "no JIT cache on this host yet"; return 0
+  fi
+  tar czf "$1" --warning=no-file-changed -C ~/.cache "${have[@]}" "${own[@]}" "${extra[@]}" && ls -la "$1"
+}
 
 for phase in "$@"; do
   case "$phase" in
@@ -105,11 +121,25 @@ for phase in "$@"; do
       | tee -a "$out/faulty.log"
     grep -E "^REGRESSION|^verdict" "$out/compare-faulty.txt" | head -n 8 ;;
   jit)
-    cute="${CUTE_DSL_CACHE_DIR:-${TMPDIR:-/tmp}/$(id -un)/cutlass_python_cache}"
-    extra=(); [ -d "$cute" ] && extra=(-C "$(dirname "$cute")" "$(basename "$cute")")
-    # moe-conformance/: the DeepGEMM cubins (fixtures/flashinfer/deepgemm_cache.py), restored into ~/.cache too
-    own=(); [ -d ~/.cache/moe-conformance ] && own=(moe-conformance)
-    tar czf "$out/fi-jit.tgz" -C ~/.cache flashinfer "${own[@]}" "${extra[@]}" && ls -la "$out/fi-jit.tgz" ;;
+    pack_jit "$out/fi-jit.tgz" ;;
+  done)
+    touch "$out/DONE" && stamp "the phases before this one are done: $out/DONE" ;;
+  wait)
+    # for a poll from a later call, while the phases run in the background: up to WAIT_S (default 540) s for
+    # $out/DONE (the `done` phase), then where the run stands
+    end=$(( $(date +%s) + ${WAIT_S:-540} ))
+    while [ ! -f "$out/DONE" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 10; done
+    if [ -f "$out/DONE" ]; then echo "DONE"; else echo "still running after ${WAIT_S:-540} s"; fi
+    grep -h "\[progress\]\|^exit \|^=== " "$out"/*.log 2>/dev/null | sed 's/.*\[progress\]/[progress]/' | tail -n 15 ;;
+  snapshot)
+    # what the end of a lease would lose, into $SNAP_DIR (the device tool's $OUT), whatever phase is running:
+    # the log folder (no packed caches, no shared objects) and the JIT caches as the `jit` phase packs them (the
+    # eighth H200 run's lease ended mid-run and its compiled modules were lost with the host)
+    snap="${SNAP_DIR:?snapshot: set SNAP_DIR (e.g. to \$OUT)}"
+    mkdir -p "$snap"
+    tar czf "$snap/val.tgz" --warning=no-file-changed -C "$out" --exclude fi-jit.tgz --exclude '*.so' . \
+      || echo "snapshot: tar said $? (files written while read)"
+    pack_jit "$snap/fi-jit.tgz" ;;
   *) echo "unknown phase $phase"; exit 2 ;;
   esac
 done

@@ -60,3 +60,33 @@ def test_faulty_phase_flags_its_planted_regression(tmp_path, home):
     compared = (out / "compare-faulty.txt").read_text()
     assert "REGRESSION new failure: [systematic] reference-ep at EP1" in compared or \
         "REGRESSION new failure: [oracle] reference-ep at EP1" in compared, compared
+
+
+def test_a_poll_waits_for_done_and_snapshots_what_a_lease_end_would_lose(tmp_path, home):
+    """The eighth H200 run: the lease ended mid-run and the JIT caches compiled there were lost with the host. A
+    later call's `wait snapshot` packs the log folder and the caches whatever phase is running; `done` ends the
+    wait early."""
+    import tarfile
+
+    out, snap = tmp_path / "val", tmp_path / "snap"
+    (out / "night").mkdir(parents=True)
+    (out / "nightly.log").write_text("[progress] suites/x.py: 3 passed in 2 s\n")
+    (out / "night" / "cases-main.jsonl").write_text("{}\n")
+    (out / "night" / "stray.so").write_bytes(b"\x7fELF")
+    (home / ".cache" / "flashinfer" / "0.7.4" / "90a" / "cached_ops" / "m").mkdir(parents=True)
+    (home / ".cache" / "flashinfer" / "0.7.4" / "90a" / "cached_ops" / "m" / "m.so").write_bytes(b"so")
+    env = {**os.environ, "HOME": str(home), "VAL_DIR": str(out), "SNAP_DIR": str(snap), "WAIT_S": "3",
+           "CUTE_DSL_CACHE_DIR": str(tmp_path / "no-cute")}
+    done = subprocess.run(["bash", "ci/gpu_validate.sh", "wait", "snapshot"], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0 and "still running after 3 s" in done.stdout, done.stdout + done.stderr
+    assert "[progress] suites/x.py: 3 passed in 2 s" in done.stdout, done.stdout
+    with tarfile.open(snap / "val.tgz") as tar:
+        names = tar.getnames()
+    assert "./night/cases-main.jsonl" in names and "./nightly.log" in names and "./night/stray.so" not in names
+    with tarfile.open(snap / "fi-jit.tgz") as tar:
+        assert "flashinfer/0.7.4/90a/cached_ops/m/m.so" in tar.getnames()
+    subprocess.run(["bash", "ci/gpu_validate.sh", "done"], cwd=ROOT, env=env, check=True, capture_output=True)
+    done = subprocess.run(["bash", "ci/gpu_validate.sh", "wait"], cwd=ROOT, env={**env, "WAIT_S": "60"},
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.startswith("DONE"), done.stdout
