@@ -78,8 +78,8 @@ import ctypes, os, sys
 for name in ("torch", "tvm_ffi"):
     try:
         __import__(name)
-    except ImportError:
-        pass
+    except ImportError as err:
+        print("!" + name + "\t" + str(err), flush=True)
 for path in sys.argv[1:]:
     try:
         ctypes.CDLL(path, mode=os.RTLD_NOW)
@@ -101,7 +101,9 @@ def load_failures(paths: list[Path], python: str = sys.executable) -> dict[Path,
         return {p: f"the bind-now load ended its process (status {done.returncode}): {done.stderr.strip()[-300:]}"
                 for p in paths}
     failed = dict(line.split("\t", 1) for line in done.stdout.splitlines() if "\t" in line)
-    return {Path(p): f"would not load with every symbol bound: {why}" for p, why in failed.items()}
+    missing = "".join(f" ({p[1:]} not importable by {python}: {why})" for p, why in failed.items() if p.startswith("!"))
+    return {Path(p): f"would not load with every symbol bound: {why}{missing}" for p, why in failed.items()
+            if not p.startswith("!")}
 
 
 def modules(paths: list[Path]) -> list[Path]:

@@ -53,6 +53,22 @@ def test_a_module_that_would_end_the_run_is_not_installed(tmp_path):
     assert "installed 1 of 2 FlashInfer AOT modules" in said, said
 
 
+def test_no_module_is_installed_when_the_check_cannot_run(tmp_path):
+    """A check that did not run (no working python3 here) is no pass: nothing is installed unchecked."""
+    import os
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text("#!/bin/sh\nexit 3\n")
+    (fake / "python3").chmod(0o755)
+    aot = tmp_path / "aot"
+    done = subprocess.run(["bash", str(ROOT / "ci" / "restore_aot_modules.sh"), str(_tarball(tmp_path, "0.7.4")),
+                           str(aot), "0.7.4"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
+    assert done.returncode == 0 and not aot.exists(), done.stdout + done.stderr
+    assert "exited 3 and named none: no AOT module installed" in done.stdout, done.stdout
+
+
 def test_modules_of_another_version_are_not_installed(tmp_path):
     aot = tmp_path / "aot"
     said = _restore(_tarball(tmp_path, "0.7.2.post1"), aot, "0.7.4")
