@@ -51,7 +51,7 @@ def test_a_module_linked_against_an_empty_stub_is_unfit_and_the_loader_agrees(st
     assert why and "cuLibraryLoadData" in why and "libcuda.so.1" in why, why
     assert "libcuda.so.1" not in aot_linkage.needed(module)
     # the loader, with a libcuda.so.1 that does define the symbol on its path, still cannot resolve it: the module
-    # does not ask for that library (on the GPU host torch holds the driver RTLD_LOCAL, to the same effect)
+    # does not ask for that library (on the GPU host the process has the driver open, not global: the same effect)
     (empty.parent / "libcuda.so.1").symlink_to(stubs[1])
     done = _loads_with_rtld_now(module, empty.parent)
     assert done.returncode != 0 and "undefined symbol: cuLibraryLoadData" in done.stderr, done.stderr
