@@ -68,14 +68,13 @@ def _cases(folder: Path) -> dict[tuple[str, int], dict]:
     return out
 
 
-def _failures(folder: Path) -> set[tuple[str, str, int]]:
+def _failures(folder: Path, outcomes: dict[str, str]) -> set[tuple[str, str, int]]:
     """The (check, implementation, EP size) of every failure record, except those a test expected: written in a
     test whose JUnit outcome is not a failure (a fault wrapper the test demands be caught, a finding's xfail), and
     any of a fault wrapper (``faulty:...``), whose record is a catch whatever the JUnit file says or lacks (a run
     cut short writes none: the eighth H200 run's 42 catches read as new failures), and any written in a test that
     reproduced a finding. A wrapper not caught fails its test without a record, which the JUnit comparison
-    reports."""
-    outcomes = junit_outcomes(folder)
+    reports. ``outcomes``: the folder's JUnit outcomes (read once by compare)."""
     # a test that reproduced a finding wrote its failure on purpose (the finding's xfail); the findings rule judges it
     finding_tests = {f.get("test") for f in records(folder, "findings") if f.get("reproduced")}
     return {(f["check"], f["impl"], f.get("ep", 0)) for f in records(folder, "failures")
@@ -83,10 +82,9 @@ def _failures(folder: Path) -> set[tuple[str, str, int]]:
             and f.get("test") not in finding_tests}
 
 
-def failing_tests_report(old: Path, new: Path) -> tuple[bool, list[str]]:
-    """Tests that fail in NEW and did not in OLD (by the JUnit files of both; a test no failure record names,
-    e.g. a fault wrapper that was not caught, shows only here), and those fixed."""
-    a, b = junit_outcomes(old), junit_outcomes(new)
+def failing_tests_report(a: dict[str, str], b: dict[str, str]) -> tuple[bool, list[str]]:
+    """Tests that fail in NEW and did not in OLD (by the JUnit outcomes of both, ``a`` OLD's and ``b`` NEW's; a
+    test no failure record names, e.g. a fault wrapper that was not caught, shows only here), and those fixed."""
     if not a or not b:
         return False, []
     new_fail = sorted(t for t, o in b.items() if o == "failed" and a.get(t) != "failed")
@@ -170,7 +168,8 @@ def compare(old: Path, new: Path) -> tuple[int, list[str]]:
     cases_old, cases_new = _cases(old), _cases(new)
     errors_old = {key: c["errors"] for key, c in cases_old.items()}
     errors_new = {key: c["errors"] for key, c in cases_new.items()}
-    failed_old, failed_new = _failures(old), _failures(new)
+    outcomes_old, outcomes_new = junit_outcomes(old), junit_outcomes(new)
+    failed_old, failed_new = _failures(old, outcomes_old), _failures(new, outcomes_new)
     # what each run tested: its passing cases' records and its failures (a case that fails writes no record)
     seen_old = set(errors_old) | {(impl, ep) for _, impl, ep in failed_old}
     seen_new = set(errors_new) | {(impl, ep) for _, impl, ep in failed_new}
@@ -187,11 +186,11 @@ def compare(old: Path, new: Path) -> tuple[int, list[str]]:
     report += [(f"fixed: [{c}] {i} at EP{e}" if (i, e) in seen_new
                 else f"failed in OLD, not tested in NEW: [{c}] {i} at EP{e}")
                for c, i, e in sorted(failed_old - failed_new)]
-    for name, folder in (("OLD", old), ("NEW", new)):
-        if not junit_outcomes(folder):  # a run cut short writes none
+    for name, outcomes in (("OLD", outcomes_old), ("NEW", outcomes_new)):
+        if not outcomes:  # a run cut short writes no JUnit file
             report.append(f"{name} holds no JUnit file (a run cut short?): its failure records are judged without "
                           "their tests' outcomes")
-    failing, lines = failing_tests_report(old, new)
+    failing, lines = failing_tests_report(outcomes_old, outcomes_new)
     regressed |= failing
     report += lines
     for key in common:

@@ -123,13 +123,14 @@ def markdown(folder: Path, images: list[Path]) -> str:
     parts += ["## Outcome", "", ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no JUnit file", ""]
     # A phase that failed outright (a usage error, a crash, a timeout) says so first: a report of no tests is no pass
     broken = {name: ph for name, ph in env.get("phases", {}).items() if ph.get("exit") not in (0, 1, 5)}
-    parts += [f"**pytest ended inside `{test}`** ({'process ' + worker if worker != 'main' else 'its process'} died "
+    alarms = [f"**pytest ended inside `{test}`** ({'process ' + worker if worker != 'main' else 'its process'} died "
               "there without finishing the session: no summary, no JUnit entries for the rest)"
               for worker, test in left_running(folder).items()]
-    parts += [f"**FAILED: phase {name} exited {ph.get('exit')}** "
-              f"({EXIT_MEANING.get(ph.get('exit'), 'see nightly.log')})"
-              + (f"; its last output: `{ph['last_line'].replace('`', chr(39))}`" if ph.get("last_line") else "")
-              for name, ph in broken.items()] + ([""] if broken else [])
+    alarms += [f"**FAILED: phase {name} exited {ph.get('exit')}** "
+               f"({EXIT_MEANING.get(ph.get('exit'), 'see nightly.log')})"
+               + (f"; its last output: `{ph['last_line'].replace('`', chr(39))}`" if ph.get("last_line") else "")
+               for name, ph in broken.items()]
+    parts += [line for alarm in alarms for line in (alarm, "")]  # each its own paragraph
     placements = {(rec.impl, rec.ep): rec.placement for rec in case_records(folder) if rec.placement}
     parts += ["## Per backend and EP size", "", summarise_cases.markdown(summarise_cases.summarise(case_records(folder))),
               "", bench_cases.table(bench_cases.summarise(case_records(folder))), ""]
