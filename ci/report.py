@@ -118,11 +118,18 @@ def markdown(folder: Path, images: list[Path]) -> str:
     env = json.loads((folder / "env.json").read_text()) if (folder / "env.json").exists() else {}
     counts = outcomes(folder)
     parts = [f"# moe-conformance report: {folder.name}", ""]
+    phases = env.get("phases", {})
     if env:
-        parts += ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in env.items()] + [""]
+        parts += ["| | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in env.items() if k != "phases"] + [""]
+    if phases:  # how long the job took, per phase and in all (a dict in one cell is not read)
+        total = sum(ph.get("seconds") or 0 for ph in phases.values())
+        parts += ["| phase | exit | s | last output |", "|---|---|---|---|"]
+        parts += [f"| {name} | {ph.get('exit')} | {ph.get('seconds')} | "
+                  f"{str(ph.get('last_line', '')).replace('|', '/')[:200]} |" for name, ph in phases.items()]
+        parts += [f"| phases summed | | {round(total, 1)} | |", ""]
     parts += ["## Outcome", "", ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no JUnit file", ""]
     # A phase that failed outright (a usage error, a crash, a timeout) says so first: a report of no tests is no pass
-    broken = {name: ph for name, ph in env.get("phases", {}).items() if ph.get("exit") not in (0, 1, 5)}
+    broken = {name: ph for name, ph in phases.items() if ph.get("exit") not in (0, 1, 5)}
     alarms = [f"**pytest ended inside `{test}`** ({'process ' + worker if worker != 'main' else 'its process'} died "
               "there without finishing the session: no summary, no JUnit entries for the rest)"
               for worker, test in left_running(folder).items()]

@@ -48,6 +48,18 @@ def test_a_phase_that_ran_no_test_is_a_failure_on_the_first_lines(tmp_path):
     assert "phase latency" not in text
 
 
+def test_each_phase_is_a_row_with_its_time_and_the_job_its_total(tmp_path):
+    """The first complete H200 nightly (2026-12-02) put its phases in one cell, as a Python dict."""
+    (tmp_path / "env.json").write_text(json.dumps({"gpus": ["NVIDIA H200"], "phases": {
+        "all": {"exit": 0, "seconds": 1175.3, "last_line": "= 527 passed, 313 skipped in 1168.77s ="},
+        "latency": {"exit": 0, "seconds": 170.0, "last_line": '{"impl": "torch"}'}}}))
+    report.write(tmp_path)
+    text = (tmp_path / "report.md").read_text()
+    assert "| all | 0 | 1175.3 | = 527 passed, 313 skipped in 1168.77s = |" in text, text
+    assert "| latency | 0 | 170.0 |" in text and "| phases summed | | 1345.3 | |" in text
+    assert "{'all'" not in text and "| phases |" not in text
+
+
 def test_a_phase_the_loader_ended_quotes_its_last_output(tmp_path):
     """The H200 nightly of 2026-12-01 (eighth session): an AOT module's missing driver symbol ended pytest and the
     latency bench with exit 127, no summary, and the report said only 'see nightly.log'."""
