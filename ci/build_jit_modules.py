@@ -88,14 +88,15 @@ def main(argv=None) -> int:
             library = Path(spec.jit_library_path)
             try:
                 spec.build(need_lock=True)
-                if aot_linkage.unfit(library):  # linked before the stub was mended? ninja does not track -lcuda
+                if why := aot_linkage.unfit(library):  # linked before the stub was mended? ninja does not track -lcuda
                     library.unlink()
                     spec.build(need_lock=True)
+                    why = aot_linkage.unfit(library)
             except Exception as err:  # noqa: BLE001 (the next module may still build; the summary says which not)
                 failed.append(spec.name)
                 print(f"{kernel}: {spec.name} FAILED: {type(err).__name__}: {str(err)[-600:]}", flush=True)
                 continue
-            if why := aot_linkage.unfit(library):
+            if why:
                 failed.append(spec.name)
                 print(f"{kernel}: {spec.name} built, NOT PACKED: {why}", flush=True)
                 continue

@@ -138,9 +138,10 @@ def markdown(folder: Path, images: list[Path]) -> str:
                + (f"; its last output: `{ph['last_line'].replace('`', chr(39))}`" if ph.get("last_line") else "")
                for name, ph in broken.items()]
     parts += [line for alarm in alarms for line in (alarm, "")]  # each its own paragraph
-    placements = {(rec.impl, rec.ep): rec.placement for rec in case_records(folder) if rec.placement}
-    parts += ["## Per backend and EP size", "", summarise_cases.markdown(summarise_cases.summarise(case_records(folder))),
-              "", bench_cases.table(bench_cases.summarise(case_records(folder))), ""]
+    cases = list(case_records(folder))  # read once for the three tables below
+    placements = {(rec.impl, rec.ep): rec.placement for rec in cases if rec.placement}
+    parts += ["## Per backend and EP size", "", summarise_cases.markdown(summarise_cases.summarise(cases)),
+              "", bench_cases.table(bench_cases.summarise(cases)), ""]
     if placements:
         parts += ["| impl | EP | ranks placed |", "|---|---|---|"]
         parts += [f"| {impl} | {ep} | {where} |" for (impl, ep), where in sorted(placements.items())] + [""]
