@@ -4,7 +4,7 @@
   the implementations the generic suites test. Default: ``reference-ep`` plus every registered backend
   of an arch that ``-m`` names (``pytest -m sm90``: every Hopper backend) or that a GPU here has.
 * ``--ep 1,2,4,8`` (env ``MOE_CONFORMANCE_EP``): the EP sizes.
-* hypothesis profile: ``--hypothesis-profile dev|ci|nightly|device`` (env ``MOE_HYPOTHESIS_PROFILE``;
+* hypothesis profile: ``--hypothesis-profile dev|ci|nightly|no-shrink`` (env ``MOE_HYPOTHESIS_PROFILE``;
   ``ci`` when ``CI`` is set, else ``dev``); ``MOE_HYPOTHESIS_EXAMPLES=N`` caps its examples.
 * markers ``sm90``/``sm100``/``sm107``/``sm120`` run only on a GPU of that arch and skip elsewhere,
   saying why.
@@ -33,7 +33,7 @@ settings.register_profile("nightly", max_examples=200, **_COMMON)
 settings.register_profile("repro", max_examples=1, phases=[Phase.explicit], **_COMMON)
 # A lent GPU for minutes: no shrinking (each shrink step rebuilds or reruns a GPU case); the first
 # failure is printed and also kept in <results-dir>/failures-*.jsonl with its reproduction line.
-settings.register_profile("device", max_examples=10, phases=[Phase.explicit, Phase.reuse, Phase.generate],
+settings.register_profile("no-shrink", max_examples=10, phases=[Phase.explicit, Phase.reuse, Phase.generate],
                           report_multiple_bugs=False, **_COMMON)
 _UNDER_TORCHRUN = launched_by_torchrun()
 # Under `torchrun -m pytest` every rank must draw the same cases: derandomized profile only.
@@ -84,7 +84,7 @@ def _interleave_line() -> list[str]:
 def _pool_subject(item):
     """(spec, implementation, EP size) of the rank pool a test runs on, or None: a ``subject`` test's own, and
     the EP1 pool of a descriptor's kernel for tests marked ``rank_pool`` (parameter ``d``)."""
-    from fixtures.impl import load
+    from fixtures.implementation import load
 
     params = getattr(getattr(item, "callspec", None), "params", {})
     if "subject" in params:
@@ -164,7 +164,7 @@ def pytest_sessionfinish(session, exitstatus):
 def subject_params(config) -> list:
     """(implementation, EP size) pairs for tests that take the ``subject`` fixture; unsupported pairs
     stay in the list as skips that say why, and carry the implementation's arch marker."""
-    from fixtures.impl import load
+    from fixtures.implementation import load
 
     params = []
     for spec in selected_impls(config):

@@ -1,4 +1,4 @@
-"""Whether a FlashInfer module built off the GPU host (``ci.build_jit_modules``) can run there: every CUDA driver
+"""Whether a FlashInfer module built off the GPU host (``tools.build_jit_modules``) can run there: every CUDA driver
 symbol it calls must come from a library it lists as NEEDED, libcuda.so.1.
 
 Why: in the suite's process the driver is opened with ``dlopen`` (by the CUDA runtime), not made global, so its

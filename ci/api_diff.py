@@ -1,4 +1,4 @@
-"""A readable diff of two FlashInfer MegaMoE API snapshots (ci/snapshot_flashinfer_api.py), and the pinned
+"""A readable diff of two FlashInfer MegaMoE API snapshots (tools/snapshot_flashinfer_api.py), and the pinned
 snapshot nearest to an unpinned version.
 
     python -m ci.api_diff OLD.json NEW.json     # exit 0: same surface, 1: changed

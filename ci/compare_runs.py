@@ -5,7 +5,7 @@
 Declared rules, per (implementation, EP size) present in both runs:
 * a new failure: a (check, implementation, EP size) that failed in NEW and not in OLD (fixed ones are
   listed too, where NEW ran that implementation at that EP size; else "not tested in NEW"); a fault wrapper's
-  failure record is a catch, never a failure (ci/gpu_validate.sh's ``faulty`` phase strips the prefix to plant
+  failure record is a catch, never a failure (evidence/gpu_host/gpu_validate.sh's ``faulty`` phase strips the prefix to plant
   a regression); where a folder holds JUnit files (``junit*.xml``), a failure recorded inside a test that did
   not fail is an expected one (a fault wrapper caught, a finding's xfail) and does not count, and a test
   that fails in NEW and did not in OLD is a regression even if no failure record names it;
@@ -15,11 +15,11 @@ Declared rules, per (implementation, EP size) present in both runs:
 * a finding that appeared (reproduced in NEW, tested and not reproduced in OLD) or vanished (the reverse); one
   that OLD never tested (no findings record for it: an older suite, a narrower run) is listed as untested, not
   called a regression (the fifth H200 run's comparison called F12 "appeared" against a run without its test);
-* a latency regression (both folders hold ``latency.json``, ci.bench_latency): a backend whose medians grew by
+* a latency regression (both folders hold ``latency.json``, tools.bench_latency): a backend whose medians grew by
   more than LATENCY_BACKEND_NOISE as a geometric mean over its (geometry, tokens) rows, or one row that grew
   past LATENCY_ROW_NOISE times its old median and beyond both runs' interquartile ranges; the torch baseline's
   rows are listed, never a regression;
-* the FlashInfer API snapshot diff (both folders hold ``api.json``, ci.snapshot_flashinfer_api): reported,
+* the FlashInfer API snapshot diff (both folders hold ``api.json``, tools.snapshot_flashinfer_api): reported,
   not a regression by itself (an upgrade changes the API on purpose; its tests judge the changes).
 Last, a side-by-side table per (implementation, EP size): error quantiles, bitwise-equal outputs of the same
 cases (the records' output digests), median case time; informational.
@@ -40,11 +40,11 @@ from scipy.stats import mannwhitneyu
 
 from fixtures.results import case_records, expected_by_its_test, junit_outcomes, latency_rows, records
 
-FAULT_PREFIX = "faulty:"  # a fault wrapper's name (fixtures/impls/faulty.py), e.g. faulty:scale_1e-2@<backend>
+FAULT_PREFIX = "faulty:"  # a fault wrapper's name (fixtures/backends/faulty.py), e.g. faulty:scale_1e-2@<backend>
 
 P_VALUE = 1e-3
 MEDIAN_RATIO = 1.5
-# Two clean runs of ci.bench_latency on one H200, two minutes apart (2026-12-01, fifth run, raw/2026-12-01-run5):
+# Two clean runs of tools.bench_latency on one H200, two minutes apart (2026-12-01, fifth run, raw/2026-12-01-run5):
 # per backend the geometric mean of the median ratios over its 10 rows was 0.87-1.13, single kernel rows moved by
 # up to 1.5x (0.45 -> 0.67 ms), torch's baseline rows by up to 1.9x. A rule of 5% per row flagged 14 of 60 rows.
 LATENCY_BACKEND_NOISE = 0.25  # about twice the largest clean backend shift
@@ -144,7 +144,7 @@ def side_by_side(cases_old: dict, cases_new: dict) -> list[str]:
     """A table per (implementation, EP size) in both runs (``_cases``): the oracle's relative L2 (median, p99,
     max), how many of the same (case, batch, rank) outputs are bitwise equal, and the median case time.
     Informational: the regression rules are the ones above (case times include layer builds and shrinking, so
-    they are no latency figure; ci.bench_latency is)."""
+    they are no latency figure; tools.bench_latency is)."""
     lines = ["| implementation | EP | checks | rel-L2 median | rel-L2 p99 | rel-L2 max | bitwise-equal outputs | "
              "median case s |", "|---|---|---|---|---|---|---|---|"]
     for key in sorted(cases_old.keys() & cases_new.keys()):

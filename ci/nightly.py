@@ -11,7 +11,7 @@ command (its set-up, ini and defaults; the nightly adds its profile, the progres
      then EP2/4/8 (``pytest -m "ARCH and ep" --ep 2,4,8``) in one process that sees every GPU
      (``junit-ep2-8.xml``): a backend takes a GPU per rank where there are enough and shares GPU 0 where it
      may and there are not (fixtures.placement; each per-case record says which);
-  2. ``python -m ci.bench_latency`` (a GPU only), then ``python -m ci.report``.
+  2. ``python -m tools.bench_latency`` (a GPU only), then ``python -m ci.report``.
 The folder holds the JUnit files, the per-case records, ``env.json`` (versions, GPUs,
 driver, commit, each phase's wall time), ``api.json`` (the FlashInfer API snapshot, for ci.compare_runs),
 ``latency.json``, ``report.md``, ``report.html`` and ``plots/``. Exit 0 when every phase passed. ``--arch cpu``
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     env_info = environment(devices)
     env_info.update(arch=arch, profile=a.profile, examples=a.examples, phases={})
     try:
-        from ci.snapshot_flashinfer_api import snapshot
+        from tools.snapshot_flashinfer_api import snapshot
         (out / "api.json").write_text(json.dumps(snapshot(), indent=1, sort_keys=True))
     except Exception as err:  # noqa: BLE001 (no FlashInfer here: the report says so)
         env_info["api_snapshot"] = f"not taken: {type(err).__name__}: {err}"
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
         print(f"nightly: phase {name} exit {code} after {seconds} s", flush=True)
         worst = worst if code in (0, 5) else max(worst, 1)
     if devices and not a.no_latency:
-        code, seconds, last = run([python, "-m", "ci.bench_latency", "--json", str(out / "latency.json")], common,
+        code, seconds, last = run([python, "-m", "tools.bench_latency", "--json", str(out / "latency.json")], common,
                                   log, a.phase_timeout)
         env_info["phases"]["latency"] = {"exit": code, "seconds": seconds, "last_line": last}
     (out / "env.json").write_text(json.dumps(env_info, indent=1))

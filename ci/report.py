@@ -4,7 +4,7 @@
 
 Reads what the suite and ci.nightly leave in the folder: per-case records (``cases-*.jsonl``), failures and
 findings (``failures-*.jsonl``, ``findings-*.jsonl``), JUnit files (``junit*.xml``), ``env.json`` and
-``latency.json`` (ci.bench_latency). It shows, per backend and EP size: tests and outcomes, drawn cases per
+``latency.json`` (tools.bench_latency). It shows, per backend and EP size: tests and outcomes, drawn cases per
 minute, the worst error against each tolerance, where the ranks were placed; per backend and statistic, the
 distribution of errors against its tolerance (plots); the findings (declared, reproduced, gone); the latency
 table; and every failure's first line with its reproduction.
@@ -18,7 +18,7 @@ import re
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from ci import bench_cases, summarise_cases
+from tools import bench_cases, summarise_cases
 from fixtures.results import case_records, expected_by_its_test, junit_outcomes, latency_rows, left_running, records
 from reference.recipes import ALL_RECIPES
 

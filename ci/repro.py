@@ -12,7 +12,7 @@ import sys
 
 from fixtures.checks import CHECKS
 from fixtures.dist.pool import close_all
-from fixtures.impl import load
+from fixtures.implementation import load
 from fixtures.problem import Scenario
 from fixtures.runner import Subject
 

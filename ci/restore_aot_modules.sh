@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install a tarball of FlashInfer AOT modules (python -m ci.build_jit_modules) into FlashInfer's AOT folder, where
+# Install a tarball of FlashInfer AOT modules (python -m tools.build_jit_modules) into FlashInfer's AOT folder, where
 # FlashInfer loads a module before it would compile one.
 #   ci/restore_aot_modules.sh TARBALL AOT_DIR INSTALLED_VERSION
 # Only into the FlashInfer version the modules were built for (BUILD_INFO's first line): a module of another

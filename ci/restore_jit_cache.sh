@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Restore a packed FlashInfer JIT cache so that ninja does not rebuild it on a fresh host.
 #   ci/restore_jit_cache.sh TARBALL CACHE_PARENT SITE_DIR...
-# TARBALL: `tar czf fi-jit.tgz -C ~/.cache flashinfer` from an earlier host (ci/gpu_validate.sh jit), with the
+# TARBALL: `tar czf fi-jit.tgz -C ~/.cache flashinfer` from an earlier host (evidence/gpu_host/gpu_validate.sh jit), with the
 # CuTe DSL's file cache of compiled kernels beside it (cutlass_python_cache/: restored where the DSL looks,
 # $CUTE_DSL_CACHE_DIR or ${TMPDIR:-/tmp}/$USER/cutlass_python_cache; it holds only kernels built through the
 # DSL's implicit JIT: `cute.compile`, which FlashInfer's SM90 pull kernels use, never caches); CACHE_PARENT: ~/.cache;

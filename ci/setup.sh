@@ -24,7 +24,7 @@ if [ -f "$HOME/gpu-env.sh" ] && [ "${MOE_USE_VENV:-0}" != "1" ]; then
   }
   jit="${MOE_JIT_CACHE:-$root/.gpu/jit/fi-jit.tgz}"
   restore_once jit "$jit" "restoring the FlashInfer JIT cache $jit" bash "$root/ci/restore_jit_cache.sh" "$jit" "$HOME/.cache" "$HOME/gpu-site"
-  # FlashInfer AOT modules built without a GPU (python -m ci.build_jit_modules; MOE_JIT_AOT, default
+  # FlashInfer AOT modules built without a GPU (python -m tools.build_jit_modules; MOE_JIT_AOT, default
   # .gpu/jit/fi-aot.tgz): FlashInfer loads them instead of compiling its JIT modules on this fresh host
   install_aot() {
     local where

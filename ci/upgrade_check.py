@@ -70,7 +70,7 @@ def _output(side: Side, *module_args: str) -> str:
 
 
 def snapshot(side: Side) -> dict:
-    out = _output(side, "ci.snapshot_flashinfer_api")
+    out = _output(side, "tools.snapshot_flashinfer_api")
     return json.loads(out[out.index("{"):])
 
 

@@ -110,15 +110,15 @@ BF16_WEIGHTS = Recipe(
 E4M3_FLIP_BAND = 32.0
 
 # Systematic-error floors (fixtures.systematic). First calibration: H200, 2026-12-01, FlashInfer 0.7.4, the
-# clean cases of `bash ci/test.sh -m sm90` (docs/validation/2026-12-01-h200-run3-flashinfer-0.7.4.md): each
+# clean cases of `bash ci/test.sh -m sm90` (evidence/2026-12-01-h200-run3-flashinfer-0.7.4.md): each
 # floor sits above the largest clean deviation seen with >= 8 tokens; the robust standard errors come on top.
 # Recipes not yet run on hardware keep the provisional floors: half of the smallest faults issue 12 names.
-# Held since (fifth run, docs/validation/2026-12-01-h200-run5-flashinfer-0.7.4.md): one ci.calibrate each over
+# Held since (fifth run, evidence/2026-12-01-h200-run5-flashinfer-0.7.4.md): one tools.calibrate each over
 # the layer pool and the model geometries, 138-140 batches, 1163-1180 statistic checks per SM90 backend,
 # 0 false alarms.
 PROVISIONAL_SYSTEMATIC = Systematic(
     gain_floor=5e-4, bias_floor=1e-3, expert_gain_floor=5e-3, rank_gain_floor=1e-2,
-    reason="provisional, not yet calibrated on hardware (python -m ci.calibrate records the statistics)")
+    reason="provisional, not yet calibrated on hardware (python -m tools.calibrate records the statistics)")
 _H200 = "H200 2026-12-01 (FlashInfer 0.7.4), clean cases with >= 8 tokens: "
 SYSTEMATIC_BF16 = Systematic(  # push_cake, BF16 pull: caught 0.1% uniform and 1% on one expert on the H200
     gain_floor=2e-4, bias_floor=1e-4, expert_gain_floor=5e-3, rank_gain_floor=1e-3,
@@ -188,13 +188,13 @@ SM90_PUSH_FP8 = Recipe(
     tolerance=dataclasses.replace(
         _FP8_KERNEL_TOL, rel_l2=0.03, cosine=0.9995, row_rel_l2=0.08, row_floor=0.006, band_c=E4M3_FLIP_BAND,
         reason="re-measured on the H200 against this recipe, grouped combine included (2026-12-01, FlashInfer "
-               "0.7.4, docs/validation/2026-12-01-h200-run4-flashinfer-0.7.4.md: 28 product batches, the same "
+               "0.7.4, evidence/2026-12-01-h200-run4-flashinfer-0.7.4.md: 28 product batches, the same "
                "in the third run, and 90 calibration batches): rel-L2 <= 0.019 at >= 16 tokens, 0.0466 at 2 "
                "tokens (masked_tail, K=2), 0.0224 at 4; worst token 0.054; worst element 12.3 band units. So "
                "0.03 + (0.08 - 0.03) / sqrt(T) (Tolerance.global_bounds): 0.065 at 2 tokens, 0.036 at 64, "
                "1.4x the worst seen or more (was 0.06, set before the grouped combine was modelled: F1); "
                "FlashInfer's own push-test contract is cos > 0.997, rel_rms < 0.10. Held on the H200 with these "
-               "bounds (fifth run, docs/validation/2026-12-01-h200-run5-flashinfer-0.7.4.md): the product's 28 "
+               "bounds (fifth run, evidence/2026-12-01-h200-run5-flashinfer-0.7.4.md): the product's 28 "
                "checks and 138 calibration batches, rel-L2 <= 0.0213 at up to 64 tokens, 0 outside",
         systematic=SYSTEMATIC_PUSH_FP8),
     # Two outputs at different EP sizes differ by the recipe's own shift (its fp8 wire rounds each owner rank's
@@ -232,7 +232,7 @@ SM90_PUSH_CAKE_BF16 = Recipe(
 
 # FlashInfer 0.7.4's three new Hopper pull kernels (0.7.4 delta §2.1-2.3). Unverified on hardware: the
 # tolerances are the FP8 pull kernel's, provisional until calibrated on the H200.
-# The FP8 x FP4 pull kernels, H200 2026-12-01 (FlashInfer 0.7.4, sixth run, docs/validation/raw/2026-12-01-run6):
+# The FP8 x FP4 pull kernels, H200 2026-12-01 (FlashInfer 0.7.4, sixth run, evidence/raw/2026-12-01-run6):
 # 60 calibration batches each (layer pool and model geometries, EP1), then the FP4 part of `pytest -m sm90` at
 # EP1/2/4/8. Their clean gains sit below 1 (MXFP4 median -2.3e-4, down to -4.9e-4; NVFP4 median -3.1e-4, down to
 # -7.8e-4; up to 16 standard errors): a bias towards zero that the recipe does not emulate (FC1 over the whole K

@@ -43,14 +43,14 @@ def test_same_global_problem_at_every_ep_size(subject):
     run = check_oracle(subject, _invariance_scenario(caps, subject.ep_size))
     out = torch.cat(run.outputs[0])
     if subject.ep_size == 1:
-        _AT_EP1[subject.spec] = (out, run.expected[0].term_mag)
+        _AT_EP1[subject.impl] = (out, run.expected[0].term_mag)
         return
-    if subject.spec not in _AT_EP1:
-        pytest.skip(f"{subject.spec}: EP1 of the same problem did not run earlier in this pytest process "
+    if subject.impl not in _AT_EP1:
+        pytest.skip(f"{subject.impl}: EP1 of the same problem did not run earlier in this pytest process "
                     f"(select --ep 1 too; under pytest-xdist each EP size may run on another worker)")
-    base, mag = _AT_EP1[subject.spec]  # the term magnitude is per route, so the same at every EP size
+    base, mag = _AT_EP1[subject.impl]  # the term magnitude is per route, so the same at every EP size
     verdict = compare(out, base, mag, regrouped_tolerance(caps))
-    assert verdict.ok, (f"[ep-invariance] {subject.spec}: EP{subject.ep_size} differs from EP1 on the same global "
+    assert verdict.ok, (f"[ep-invariance] {subject.impl}: EP{subject.ep_size} differs from EP1 on the same global "
                         f"problem: {'; '.join(verdict.violations)}")
 
 

@@ -30,7 +30,7 @@ def drawn(subject, data, **kw):
 def _record(subject, scenario, check, started, run, textbook=()):
     """One line of cases-*.jsonl (fixtures.results.CaseRecord)."""
     results.record_case(results.CaseRecord(
-        impl=subject.spec, ep=subject.ep_size, recipe=subject.caps.recipe.name, check=check,
+        impl=subject.impl, ep=subject.ep_size, recipe=subject.caps.recipe.name, check=check,
         scenario=scenario.to_json(), seconds=round(time.monotonic() - started, 4), metrics=list(run.metrics),
         textbook_rel_l2=list(textbook), rank_seconds=run.rank_seconds, process_seconds=run.seconds,
         layers_built=run.layers_built, placement=subject.placement or ""))
@@ -51,7 +51,7 @@ def test_check(subject, check, data, seed):
     """Each registered check beyond the oracle pair (test_matches_reference) on drawn scenarios."""
     why = check.applies(subject.caps, subject.ep_size)
     if why:
-        pytest.skip(f"{subject.spec}: {check.name} {why}")
+        pytest.skip(f"{subject.impl}: {check.name} {why}")
     check.run(subject, drawn(subject, data, max_batches=1 if check.single_batch else 3), seed, {})
 
 
@@ -67,7 +67,7 @@ def test_adversarial_pattern(subject, pattern):
     why = pattern_skip(pattern, subject.ep_size, method, subject.caps.supports_masked_ids)
     if why:
         known = f": {'; '.join(subject.caps.known_defects)}" if subject.caps.known_defects else ""
-        pytest.skip(f"{subject.spec}: {why}" + (known if PATTERN_TABLE[pattern].masks else ""))
+        pytest.skip(f"{subject.impl}: {why}" + (known if PATTERN_TABLE[pattern].masks else ""))
     tokens = tuple(min(subject.caps.max_tokens_per_rank, 5 + 3 * r) for r in range(subject.ep_size))
     batch = BatchCase(tokens=tokens, seed=99, method=method, pattern=pattern, bias_scale=1.0 if method == "DeepSeekV3" else 0.0)
     layer = dataclasses.replace(wide_layer(subject.caps, subject.ep_size), weight_seed=1234)
@@ -100,7 +100,7 @@ def test_clamp_is_applied(subject):
     """The wide layer's clamp, with inputs that make it cut: a kernel that drops or misplaces the clamp
     fails the oracle. The share of clamped values is asserted first, so the test cannot pass vacuously."""
     if not subject.caps.recipe.clamp_supported:
-        pytest.skip(f"{subject.spec} has no clamp (recipe {subject.caps.recipe.name})")
+        pytest.skip(f"{subject.impl} has no clamp (recipe {subject.caps.recipe.name})")
     layer = wide_layer(subject.caps, subject.ep_size)
     tokens = tuple(min(subject.caps.max_tokens_per_rank, 8) for _ in range(subject.ep_size))
     batch = BatchCase(tokens=tokens, seed=5, input_scale=CLAMP_INPUT_SCALE)
@@ -139,11 +139,11 @@ def test_model_geometry(subject, model, data, request):
     expert at these sizes, and the later examples would check the same layer again."""
     why = fits(model, subject.caps)
     if why:
-        pytest.skip(f"{subject.spec} cannot run {model.name}: {why}")
+        pytest.skip(f"{subject.impl} cannot run {model.name}: {why}")
     _skip_unless_a_model_ep_size(subject)
     beyond = subject.caps.beyond_accumulation_limit(model.hidden, model.intermediate)
     if beyond:
-        pytest.skip(f"{subject.spec} is not held to its recipe at {model.name} ({beyond}); "
+        pytest.skip(f"{subject.impl} is not held to its recipe at {model.name} ({beyond}); "
                     f"test_accumulation_limit holds it to the finding")
     # as few experts as the routing allows: the model's H and I already make each expert large
     layer = model_layer(model, subject.caps, subject.ep_size, max_experts=8 if subject.caps.device == "cuda" else 1)
@@ -171,11 +171,11 @@ def test_accumulation_limit(subject):
     the data: under FlashInfer 0.7.4 DeepSeek-V3 came within the tolerance and Qwen3-30B-A3B did not.)"""
     limit = subject.caps.accumulation_limit
     if limit is None:
-        pytest.skip(f"{subject.spec} declares no accumulation limit: every model geometry is held to its recipe")
+        pytest.skip(f"{subject.impl} declares no accumulation limit: every model geometry is held to its recipe")
     _skip_unless_a_model_ep_size(subject)
     models = [m for m in MODELS if max(m.hidden, m.intermediate) > limit[0] and not fits(m, subject.caps)]
     if not models:
-        pytest.skip(f"no model geometry beyond reduction length {limit[0]} fits {subject.spec}")
+        pytest.skip(f"no model geometry beyond reduction length {limit[0]} fits {subject.impl}")
     seen = []
     for model in models:
         layer = model_layer(model, subject.caps, subject.ep_size, max_experts=8)
@@ -188,5 +188,5 @@ def test_accumulation_limit(subject):
         except ConformanceFailure as err:
             seen.append((False, str(err).splitlines()[0]))
     _, key, finding = limit
-    expect_finding(subject.spec, finding if finding.startswith("FINDING") else None, key,
+    expect_finding(subject.impl, finding if finding.startswith("FINDING") else None, key,
                    all(ok for ok, _ in seen), " || ".join(text for _, text in seen))

@@ -1,7 +1,7 @@
 """FlashInfer's public MegaMoE surface, pinned on CPU: an upgrade shows up as a readable diff.
 
 The pinned snapshot (fixtures/flashinfer/api-<version>.json) is written by
-``python -m ci.snapshot_flashinfer_api --write``; behaviours the catalogue documents are asserted here
+``python -m tools.snapshot_flashinfer_api --write``; behaviours the catalogue documents are asserted here
 by hand, independently of the snapshot.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ci import api_diff
-from ci.snapshot_flashinfer_api import snapshot, snapshot_path
+from tools.snapshot_flashinfer_api import snapshot, snapshot_path
 from fixtures import findings
 from fixtures.flashinfer.descriptors import DESCRIPTORS
 
@@ -31,11 +31,11 @@ def surface_failure(live: dict, directory=None) -> str | None:
             if lines else None
     near = api_diff.nearest_pinned(version, **kw)
     if near is None:
-        return "no pinned API snapshot at all; run `python -m ci.snapshot_flashinfer_api --write`"
+        return "no pinned API snapshot at all; run `python -m tools.snapshot_flashinfer_api --write`"
     pinned = (directory / f"api-{near}.json") if directory else snapshot_path(near)
     lines = api_diff.diff(json.loads(pinned.read_text()), live)
     return (f"no pinned API snapshot for flashinfer-python {version}; against the nearest pin, {near}, "
-            f"{len(lines)} difference(s) (review, then `python -m ci.snapshot_flashinfer_api --write`):\n"
+            f"{len(lines)} difference(s) (review, then `python -m tools.snapshot_flashinfer_api --write`):\n"
             + "\n".join(lines[:200]))
 
 

@@ -10,7 +10,7 @@ from fixtures.flashinfer import behaviour
 from fixtures.flashinfer.adapter import FlashInferMegaLayer
 from fixtures.flashinfer.descriptors import DESCRIPTORS
 from fixtures.flashinfer.prerequisites import missing_jit_modules
-from fixtures.impl import RankContext
+from fixtures.implementation import RankContext
 from fixtures.problem import make_weights
 
 pytestmark = pytest.mark.sm90

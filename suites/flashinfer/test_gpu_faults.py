@@ -12,8 +12,8 @@ from fixtures.flashinfer.descriptors import DESCRIPTORS
 from fixtures.geometries import wide_layer
 from fixtures.problem import BatchCase, LayerCase, Scenario
 from fixtures.runner import Subject
-from fixtures.impl import load
-from fixtures.impls.faulty import resolution_faults
+from fixtures.implementation import load
+from fixtures.backends.faulty import resolution_faults
 from fixtures.selection import ep_skip_reason
 
 pytestmark = [pytest.mark.sm90, pytest.mark.rank_pool]

@@ -44,7 +44,7 @@ def test_the_torch_interleave_equals_flashinfers_where_the_module_is_built():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     if not prerequisites.is_built(interleave.MODULE):
-        pytest.skip(f"{interleave.MODULE} is not built on this host (F13; `python -m ci.prebuild_jit` builds it): "
+        pytest.skip(f"{interleave.MODULE} is not built on this host (F13; `python -m tools.prebuild_jit` builds it): "
                     "FlashInfer's interleave cannot run without it, so the port is checked against a thread-by-thread "
                     "transcription of its CUDA kernel only (suites/flashinfer/test_interleave.py)")
     gen = torch.Generator().manual_seed(13)

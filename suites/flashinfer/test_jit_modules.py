@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.api, pytest.mark.cpu]
 
 @pytest.fixture
 def hopper_target(monkeypatch):
-    """FlashInfer names a module only for a target arch; on CPU there is none: 9.0a, as ci.build_jit_modules
+    """FlashInfer names a module only for a target arch; on CPU there is none: 9.0a, as tools.build_jit_modules
     says, for this test only (FlashInfer keeps the arch set in a process-wide context)."""
     from flashinfer.jit import core
 

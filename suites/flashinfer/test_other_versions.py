@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.flashinfer.descriptor import ALL_VERSIONS
+from fixtures.flashinfer.schema import ALL_VERSIONS
 from fixtures.flashinfer.descriptors import installed_version
 
 pytestmark = [pytest.mark.api, pytest.mark.cpu]

@@ -1,4 +1,4 @@
-"""ci/aot_linkage.py and ci/driver_stub.py on CPU, with modules compiled here. The H200 ended the run at the first
+"""ci/aot_linkage.py and tools/driver_stub.py on CPU, with modules compiled here. The H200 ended the run at the first
 call of an AOT module built against a libcuda stub that defined nothing (2026-12-01, "symbol lookup error:
 undefined symbol: cuLibraryLoadData", exit 127); these tests hold the rule that predicts it to the dynamic loader's
 own verdict (dlopen with RTLD_NOW, which resolves every symbol at once instead of at the first call)."""
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ci import aot_linkage, driver_stub
+from ci import aot_linkage
+from tools import driver_stub
 from fixtures.shared_objects import CC, DRIVER_CALLER, FAKE_CUDA_H, NO_DRIVER, compile_so
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu,
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def stubs(tmp_path):
-    """An empty stub (soname only, as this project's CPU machine had) and one ci.driver_stub writes from a cuda.h."""
+    """An empty stub (soname only, as this project's CPU machine had) and one tools.driver_stub writes from a cuda.h."""
     empty = compile_so(tmp_path / "empty", "libcuda.so", "", soname="libcuda.so.1")
     cuda = tmp_path / "cuda"
     (cuda / "include").mkdir(parents=True)

@@ -1,10 +1,10 @@
-"""ci/bench_cases.py reports from the per-case records of the real suite: run it end to end on the CPU
+"""tools/bench_cases.py reports from the per-case records of the real suite: run it end to end on the CPU
 (reference-ep, EP1, two drawn cases) and read its table."""
 from __future__ import annotations
 
 import pytest
 
-from ci import bench_cases
+from tools import bench_cases
 from fixtures.results import CaseRecord
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]

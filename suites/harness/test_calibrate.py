@@ -1,4 +1,4 @@
-"""ci/calibrate.py counts the systematic statistics it judged and the false alarms among them, with the
+"""tools/calibrate.py counts the systematic statistics it judged and the false alarms among them, with the
 conformance check's own rule: none on a correct implementation, some on a 1% scale (on CPU, reference-ep
 computing the blockwise FP8 recipe)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ci import calibrate
+from tools import calibrate
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 RECIPE_IMPL = "reference-ep[sm90_pull_fp8_blockwise]"

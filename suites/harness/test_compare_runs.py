@@ -129,7 +129,7 @@ def test_one_row_that_doubles_beyond_its_spread_is_a_latency_regression(tmp_path
 
 
 def test_two_clean_h200_latency_runs_are_no_regression():
-    """The fifth run's two ci.bench_latency runs, two minutes apart on one H200: rows moved by up to 1.5x."""
+    """The fifth run's two tools.bench_latency runs, two minutes apart on one H200: rows moved by up to 1.5x."""
     raw = ROOT / "docs" / "validation" / "raw" / "2026-12-01-run5"
     first, second = raw, raw / "nightly-attempt"
     for a, b in ((first, second), (second, first)):

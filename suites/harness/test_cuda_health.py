@@ -7,7 +7,7 @@ import torch
 
 from fixtures import cuda_health
 from fixtures.oracle import oracle_device
-from fixtures.impl import Capabilities, Implementation
+from fixtures.implementation import Capabilities, Implementation
 from fixtures.runner import Subject
 from reference.recipes import BF16_WEIGHTS
 

@@ -9,7 +9,7 @@ import pytest
 from fixtures.checks import check_oracle
 from fixtures.oracle import expected
 from fixtures.compare import relative_l2
-from fixtures.impl import load
+from fixtures.implementation import load
 from fixtures.problem import BatchCase, LayerCase, Scenario
 from fixtures.runner import Subject
 from reference.recipes import SM90_PUSH_FP8

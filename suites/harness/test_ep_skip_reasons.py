@@ -7,7 +7,7 @@ import pytest
 
 from fixtures import arch
 from fixtures.flashinfer import prerequisites
-from fixtures.impl import load, registered_names
+from fixtures.implementation import load, registered_names
 from fixtures.selection import ep_skip_reason
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
@@ -64,7 +64,7 @@ def test_a_missing_jit_prerequisite_skips_naming_it_and_its_remedy(gpus, monkeyp
         pytest.skip("the installed FlashInfer registers no SM90 kernel with a JIT prerequisite")
     for impl in needing:
         why = ep_skip_reason(impl.name, impl.capabilities, 1)
-        assert "fused_moe_90" in why and "python -m ci.prebuild_jit" in why and "F13" in why, why
+        assert "fused_moe_90" in why and "python -m tools.prebuild_jit" in why and "F13" in why, why
         assert "MOE_F13_TORCH_INTERLEAVE" in why and "torch port" in why, why
     gpus(0, built=False)  # no Hopper GPU: the arch skip says so, the prerequisite is not even asked
     assert all(ep_skip_reason(i.name, i.capabilities, 1) is None for i in needing)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import Phase, given, settings
 
-from fixtures.impl import load
+from fixtures.implementation import load
 from fixtures.strategies import scenarios
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]

@@ -10,7 +10,7 @@ import torch
 
 from fixtures.flashinfer.descriptors import DESCRIPTORS
 from fixtures.geometries import layer_pool, tile_layer, wide_layer
-from fixtures.impl import load
+from fixtures.implementation import load
 from fixtures.problem import LayerCase, make_weights
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]

@@ -7,7 +7,7 @@ import pytest
 
 from fixtures import arch, placement
 from fixtures.flashinfer.descriptors import DESCRIPTORS
-from fixtures.impl import load
+from fixtures.implementation import load
 from fixtures.runner import Subject
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]

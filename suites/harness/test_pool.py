@@ -9,7 +9,7 @@ import pytest
 
 from fixtures.checks import check_oracle
 from fixtures.dist.pool import PoolKey, RankFailure, get_pool
-from fixtures.impl import load
+from fixtures.implementation import load
 from fixtures.problem import BatchCase, LayerCase, Scenario
 from fixtures.runner import Subject, run_scenario
 

@@ -6,7 +6,7 @@ import pytest
 
 from fixtures.checks import check_oracle
 from fixtures.dist import pool
-from fixtures.impl import load
+from fixtures.implementation import load
 from fixtures.problem import BatchCase, LayerCase, Scenario
 from fixtures.runner import Subject
 

@@ -10,7 +10,7 @@ import pytest
 
 from fixtures.checks import ConformanceFailure, check_oracle
 from fixtures.dist.pool import close_all
-from fixtures.impl import load
+from fixtures.implementation import load
 from fixtures.problem import BatchCase, LayerCase, Scenario
 from fixtures.runner import Subject
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ci import bench_latency, report
+from ci import report
+from tools import bench_latency
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""ci/restore_aot_modules.sh on CPU: a tarball of AOT modules (as ci.build_jit_modules packs it) lands in the
+"""ci/restore_aot_modules.sh on CPU: a tarball of AOT modules (as tools.build_jit_modules packs it) lands in the
 AOT folder as FlashInfer looks for it (<name>/<name>.so), and only for the FlashInfer version it was built for."""
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ def test_modules_of_another_version_are_not_installed(tmp_path):
 
 
 def test_the_builder_names_what_the_toolkit_lacks_before_compiling(tmp_path):
-    """ci.build_jit_modules on a toolkit without the cuBLAS/NVRTC/cuRAND headers and the link libraries stops at
+    """tools.build_jit_modules on a toolkit without the cuBLAS/NVRTC/cuRAND headers and the link libraries stops at
     once, naming each and where to take it from (the first attempts on the CPU machine ran ninja into each)."""
     import os
     import sys
@@ -85,7 +85,7 @@ def test_the_builder_names_what_the_toolkit_lacks_before_compiling(tmp_path):
     (cuda / "include").mkdir(parents=True)
     (cuda / "include" / "nvrtc.h").write_text("")
     env = {**os.environ, "CUDA_HOME": str(cuda), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "ci.build_jit_modules", "--out", str(tmp_path / "x.tgz")], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "tools.build_jit_modules", "--out", str(tmp_path / "x.tgz")], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and not (tmp_path / "x.tgz").exists(), done.stdout + done.stderr
     assert f"{cuda}/include/cublasLt.h (from the nvidia-cublas wheel" in done.stdout, done.stdout
@@ -105,8 +105,8 @@ def test_the_builder_refuses_a_driver_stub_that_defines_nothing(tmp_path):
     (cuda / "lib64" / "libcudart.so").write_text("")
     compile_so(cuda / "lib64" / "stubs", "libcuda.so", "", soname="libcuda.so.1")
     env = {**os.environ, "CUDA_HOME": str(cuda), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-m", "ci.build_jit_modules", "--out", str(tmp_path / "x.tgz")], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "tools.build_jit_modules", "--out", str(tmp_path / "x.tgz")], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and not (tmp_path / "x.tgz").exists(), done.stdout + done.stderr
     assert "libcuda.so defines no driver symbol (cuGetErrorString)" in done.stdout, done.stdout
-    assert "python -m ci.driver_stub" in done.stdout and "cublasLt.h" not in done.stdout, done.stdout
+    assert "python -m tools.driver_stub" in done.stdout and "cublasLt.h" not in done.stdout, done.stdout

@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("reference", "fixtures", "suites", "ci", "gates")
+PACKAGES = ("reference", "fixtures", "suites", "ci", "gates", "tools", "evidence")
 
 
 def _sources() -> list[Path]:

@@ -1,4 +1,4 @@
-"""ci/summarise_cases.py on records shaped like those the conformance suites write (cases-*.jsonl)."""
+"""tools/summarise_cases.py on records shaped like those the conformance suites write (cases-*.jsonl)."""
 from __future__ import annotations
 
 import dataclasses
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ci.summarise_cases import main, summarise
+from tools.summarise_cases import main, summarise
 from fixtures.results import CaseRecord
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]

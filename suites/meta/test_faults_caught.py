@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from ci import repro
 from fixtures import results
 from fixtures.checks import CHECKS, ConformanceFailure, run_checks
-from fixtures.impl import load
-from fixtures.impls.faulty import FAULTS, SCALE_SIZE, resolution_faults
+from fixtures.implementation import load
+from fixtures.backends.faulty import FAULTS, SCALE_SIZE, resolution_faults
 from reference.recipes import ALL_RECIPES
 from fixtures.strategies import scenarios
 from fixtures.runner import Subject

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fixtures import findings
-from fixtures.flashinfer.descriptor import MASKED_ID_FINDINGS
+from fixtures.flashinfer.schema import MASKED_ID_FINDINGS
 from fixtures.flashinfer.descriptors import DESCRIPTORS
 from fixtures.flashinfer import behaviour
 

@@ -12,8 +12,8 @@ import pytest
 from fixtures.checks import ConformanceFailure, check_textbook
 from fixtures.oracle import expected
 from fixtures.compare import relative_l2
-from fixtures.impl import Capabilities, Implementation
-from fixtures.impls.faulty import _swap_gate_up
+from fixtures.implementation import Capabilities, Implementation
+from fixtures.backends.faulty import _swap_gate_up
 from fixtures.problem import Scenario, make_batch, make_weights
 from fixtures.runner import RunResult, Subject
 from reference.moe import combine_terms, moe_terms, prepare_weights

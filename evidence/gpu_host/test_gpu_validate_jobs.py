@@ -1,4 +1,4 @@
-"""ci/gpu_validate.sh's `parallel` phase, on CPU: job lines keep quoted words together and brackets
+"""evidence/gpu_host/gpu_validate.sh's `parallel` phase, on CPU: job lines keep quoted words together and brackets
 literal, every job gets its own log, and a failing job is reported with its exit status."""
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def test_parallel_phase_runs_each_job_line(tmp_path, home):
         "broken|python3 -c 'raise SystemExit(7)'\n")
     out = tmp_path / "out"
     env = {**os.environ, "HOME": str(home), "VAL_DIR": str(out), "PAR_JOBS": str(jobs), "PAR_TIMEOUT": "120"}
-    done = subprocess.run(["bash", "ci/gpu_validate.sh", "parallel"], cwd=ROOT, env=env, capture_output=True,
+    done = subprocess.run(["bash", "evidence/gpu_host/gpu_validate.sh", "parallel"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     summary = (out / "parallel.log").read_text()
@@ -51,7 +51,7 @@ def test_faulty_phase_flags_its_planted_regression(tmp_path, home):
     subprocess.run(["bash", "ci/test.sh", "suites/conformance/test_generic.py", "-k", "test_matches_reference",
                     "--impl", "reference-ep", "--ep", "1", "-p", "no:cacheprovider", "--results-dir", str(clean), "-q"],
                    cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=True)
-    done = subprocess.run(["bash", "ci/gpu_validate.sh", "faulty"], cwd=ROOT, env=env, capture_output=True,
+    done = subprocess.run(["bash", "evidence/gpu_host/gpu_validate.sh", "faulty"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     log = (out / "faulty.log").read_text()
@@ -77,7 +77,7 @@ def test_a_poll_waits_for_done_and_snapshots_what_a_lease_end_would_lose(tmp_pat
     (home / ".cache" / "flashinfer" / "0.7.4" / "90a" / "cached_ops" / "m" / "m.so").write_bytes(b"so")
     env = {**os.environ, "HOME": str(home), "VAL_DIR": str(out), "SNAP_DIR": str(snap), "WAIT_S": "3",
            "CUTE_DSL_CACHE_DIR": str(tmp_path / "no-cute")}
-    done = subprocess.run(["bash", "ci/gpu_validate.sh", "wait", "snapshot"], cwd=ROOT, env=env, capture_output=True,
+    done = subprocess.run(["bash", "evidence/gpu_host/gpu_validate.sh", "wait", "snapshot"], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0 and "still running after 3 s" in done.stdout, done.stdout + done.stderr
     assert "[progress] suites/x.py: 3 passed in 2 s" in done.stdout, done.stdout
@@ -86,7 +86,7 @@ def test_a_poll_waits_for_done_and_snapshots_what_a_lease_end_would_lose(tmp_pat
     assert "./night/cases-main.jsonl" in names and "./nightly.log" in names and "./night/stray.so" not in names
     with tarfile.open(snap / "fi-jit.tgz") as tar:
         assert "flashinfer/0.7.4/90a/cached_ops/m/m.so" in tar.getnames()
-    subprocess.run(["bash", "ci/gpu_validate.sh", "done"], cwd=ROOT, env=env, check=True, capture_output=True)
-    done = subprocess.run(["bash", "ci/gpu_validate.sh", "wait"], cwd=ROOT, env={**env, "WAIT_S": "60"},
+    subprocess.run(["bash", "evidence/gpu_host/gpu_validate.sh", "done"], cwd=ROOT, env=env, check=True, capture_output=True)
+    done = subprocess.run(["bash", "evidence/gpu_host/gpu_validate.sh", "wait"], cwd=ROOT, env={**env, "WAIT_S": "60"},
                           capture_output=True, text=True, timeout=120)
     assert done.stdout.startswith("DONE"), done.stdout

@@ -1,7 +1,7 @@
 """Per-layer latency of each backend at model-like geometries, with a torch baseline on the same device.
 
-    python -m ci.bench_latency [--impl SPEC ...] [--tokens 8,64,512,1024,8192] [--json latency.json]
-    python -m ci.bench_latency --device cpu --geometry tiny      # the torch baseline only (a smoke test)
+    python -m tools.bench_latency [--impl SPEC ...] [--tokens 8,64,512,1024,8192] [--json latency.json]
+    python -m tools.bench_latency --device cpu --geometry tiny      # the torch baseline only (a smoke test)
 
 For every SM90 backend the installed FlashInfer registers (or ``--impl``), one EP1 layer per geometry
 (DeepSeek-V3-like: H=7168, I=2048, 32 of its experts, top-8; GLM-Flash-like: H=2048, I=1536, 64 experts,
@@ -24,7 +24,7 @@ import torch
 
 from fixtures.problem import BatchCase, LayerCase, make_batch, make_weights
 
-H200_PEAK = {"bf16_tflops": 989.0, "fp8_tflops": 1979.0, "hbm_gbs": 4800.0}  # vendor datasheet, SXM, dense
+GPU_PEAKS = {"bf16_tflops": 989.0, "fp8_tflops": 1979.0, "hbm_gbs": 4800.0}  # vendor datasheet, SXM, dense
 
 
 @dataclass(frozen=True)
@@ -93,11 +93,11 @@ def row(impl: str, geometry: Geometry, tokens: int, times: list[float], weight_b
     flops = 6.0 * tokens * geometry.top_k * geometry.hidden * geometry.intermediate
     touched = min(geometry.experts, tokens * geometry.top_k)
     moved = touched * 3 * geometry.hidden * geometry.intermediate * weight_bytes + 4.0 * tokens * geometry.hidden
-    peak = H200_PEAK["fp8_tflops" if weight_bytes < 2 else "bf16_tflops"]
+    peak = GPU_PEAKS["fp8_tflops" if weight_bytes < 2 else "bf16_tflops"]
     tflops, gbs = flops / median / 1e9, moved / median / 1e6
     return {"impl": impl, "geometry": geometry.name, "tokens": tokens, "median_ms": round(median, 4),
             "iqr_ms": round(q[2] - q[0], 4), "tflops": round(tflops, 2), "tflops_frac_peak": round(tflops / peak, 4),
-            "hbm_gbs": round(gbs, 1), "hbm_frac_peak": round(gbs / H200_PEAK["hbm_gbs"], 4)}
+            "hbm_gbs": round(gbs, 1), "hbm_frac_peak": round(gbs / GPU_PEAKS["hbm_gbs"], 4)}
 
 
 def _error_row(spec: str, geometry: Geometry, err: Exception, **where) -> dict:
@@ -119,7 +119,7 @@ def measure(spec: str, geometry: Geometry, token_counts: list[int], device, warm
     else:
         from fixtures.flashinfer.adapter import FlashInferMegaLayer
         from fixtures.flashinfer.descriptors import BY_IMPL_NAME
-        from fixtures.impl import RankContext
+        from fixtures.implementation import RankContext
 
         d = BY_IMPL_NAME[spec]
         try:
@@ -170,7 +170,7 @@ def main(argv=None) -> int:
             rows += measure(spec, GEOMETRIES[name], [int(t) for t in a.tokens.split(",")], device, a.warmup, a.repeats)
             if a.json:  # after each backend: a process that dies in the next (exit 127 on the H200) keeps these
                 tmp = Path(f"{a.json}.tmp")
-                tmp.write_text(json.dumps({"device": str(device), "peaks": H200_PEAK, "rows": rows}, indent=1))
+                tmp.write_text(json.dumps({"device": str(device), "peaks": GPU_PEAKS, "rows": rows}, indent=1))
                 tmp.replace(a.json)
     return 0
 

@@ -1,10 +1,10 @@
 """Build, once per host, the FlashInfer JIT modules that registered kernels need besides their own kernel
 (descriptor ``jit_prerequisites``; finding F13), so their tests run instead of skipping.
 
-    python -m ci.prebuild_jit [--arch sm90] [--list]
+    python -m tools.prebuild_jit [--arch sm90] [--list]
 
 Ninja runs with MAX_JOBS parallel compiles (default: the CPU count). fused_moe_90 is 242 nvcc objects: tens of
-minutes on 16 cores. Afterwards ``bash ci/gpu_validate.sh jit`` packs the cache for the next host.
+minutes on 16 cores. Afterwards ``bash evidence/gpu_host/gpu_validate.sh jit`` packs the cache for the next host.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Measure an implementation's error distribution against its recipe reference and the fp64 textbook.
 
-    python -m ci.calibrate --impl sm90_fp8_fp8_bf16_pull_cutedsl[blockwise] --batches 40 --json out.json
+    python -m tools.calibrate --impl sm90_fp8_fp8_bf16_pull_cutedsl[blockwise] --batches 40 --json out.json
 
 For every drawn batch (on the implementation's GPU layer pool and the model geometries it admits) it
 records: global relative L2 and cosine against the recipe-emulating reference, the worst per-token
@@ -24,7 +24,7 @@ from fixtures import oracle, systematic
 from fixtures.compare import compare
 from fixtures.dist.pool import close_all
 from fixtures.geometries import MODELS, fits, layer_pool, model_layer
-from fixtures.impl import load
+from fixtures.implementation import load
 from fixtures.runner import Subject, run_scenario
 from fixtures.selection import ep_skip_reason
 from fixtures.problem import BatchCase, Scenario, make_batch

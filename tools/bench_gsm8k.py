@@ -1,6 +1,6 @@
 """Benchmark: one full 1319-question GSM8K run against the toy server on loopback (target < 60 s).
 
-    python -m ci.bench_gsm8k [--recipe vllm] [--concurrency 64] [--fault-rate 0.0]
+    python -m tools.bench_gsm8k [--recipe vllm] [--concurrency 64] [--fault-rate 0.0]
 
 Measures the client and the scoring (prompt building, async requests, the resumable store, extraction),
 not a model: the toy server answers instantly.

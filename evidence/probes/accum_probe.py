@@ -1,6 +1,6 @@
 """How far an FP8 per-tensor kernel is from its recipe under three models of the GEMM accumulator.
 
-    python -m ci.accum_probe --impl 'sm90_fp8_fp8_bf16_pull_cutedsl[per_tensor]' [--impl ...] [--scenario JSON ...]
+    python -m evidence.probes.accum_probe --impl 'sm90_fp8_fp8_bf16_pull_cutedsl[per_tensor]' [--impl ...] [--scenario JSON ...]
 
 Runs each scenario through each implementation once and compares every rank's output with the recipe
 evaluated three ways (relative L2 and the least-squares gain out ~ gain * ref):
@@ -21,7 +21,7 @@ import torch
 import reference.moe as moe
 from fixtures import oracle
 from fixtures.dist.pool import close_all
-from fixtures.impl import load
+from fixtures.implementation import load
 from fixtures.runner import Subject, run_scenario
 from fixtures.problem import Scenario
 

@@ -1,6 +1,6 @@
 """Benchmark: the vectorized reference's FLOP rate against torch.matmul at the same GEMM sizes.
 
-    python -m ci.bench_reference [--tokens 4096 --experts 64 --top-k 8 --hidden 2048 --inter 1024]
+    python -m tools.bench_reference [--tokens 4096 --experts 64 --top-k 8 --hidden 2048 --inter 1024]
 
 Efficiency = (reference FLOP/s) / (torch.matmul FLOP/s on the same per-expert GEMMs, same machine and
 threads). FLOPs counted: 2 * routed rows * (2I * H + H * I). Weight preparation (quantization) is done

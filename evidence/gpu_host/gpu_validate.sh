@@ -4,9 +4,9 @@
 #   env        versions, GPU, driver
 #   product    the user's command, exactly: bash ci/test.sh -m ${ARCH:-sm90} (set-up and JIT cache restore
 #              included), with its per-case records and a JUnit file in the log folder; wall time last
-#   bench      drawn cases per minute and the phase split, from the product run's records (ci/bench_cases.py)
-#   host       what idle rank pools cost this process's CPU work, per thread count (ci/bench_host_threads.py)
-#   calibrate  error distributions of each backend of $ARCH against its recipe (ci/calibrate.py)
+#   bench      drawn cases per minute and the phase split, from the product run's records (tools/bench_cases.py)
+#   host       what idle rank pools cost this process's CPU work, per thread count (evidence/probes/bench_host_threads.py)
+#   calibrate  error distributions of each backend of $ARCH against its recipe (tools/calibrate.py)
 #   parallel   concurrent jobs sharing the GPU, one "name|pytest arguments" (or "name|python3 -m ...") a
 #              line in $PAR_JOBS; PAR_TIMEOUT bounds each; a line per job last
 #   nightly    python -m ci.nightly into $out/night ($NIGHTLY_PROFILE, default nightly; ci = the product's profile)
@@ -19,7 +19,7 @@
 #   wait       from a later call: wait up to WAIT_S s for $out/DONE, then print where the run stands
 #   snapshot   from a later call: the log folder and the JIT caches into $SNAP_DIR, whatever phase is running
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 test -f ~/gpu-env.sh || { echo FRESH-HOST; exit 3; }
 # shellcheck disable=SC1090
 source ~/gpu-env.sh
@@ -49,7 +49,7 @@ for phase in "$@"; do
       git log -1 --format='commit %H %s' 2>/dev/null
       python3 -c 'import torch, importlib.metadata as m; print("torch", torch.__version__, "cuda", torch.version.cuda); [print(n, m.version(n)) for n in ("flashinfer-python","nvidia-cutlass-dsl","nvshmem4py-cu13","hypothesis","pytest","pytest-xdist")]'
       ls .gpu/jit/fi-jit.tgz 2>/dev/null && echo "a JIT cache is present: ci/setup.sh restores it" || echo "no JIT cache: first builds compile"
-      ls .gpu/jit/fi-aot.tgz 2>/dev/null && echo "AOT modules are present: ci/setup.sh installs them" || echo "no AOT modules (python -m ci.build_jit_modules)"
+      ls .gpu/jit/fi-aot.tgz 2>/dev/null && echo "AOT modules are present: ci/setup.sh installs them" || echo "no AOT modules (python -m tools.build_jit_modules)"
     } 2>&1 | tee -a "$out/env.log" ;;
   product)
     stamp "bash ci/test.sh -m $arch ${PRODUCT_ARGS:-}" | tee -a "$out/product.log"
@@ -62,17 +62,17 @@ for phase in "$@"; do
     tail -n 5 "$out/product.log" ;;
   bench)
     stamp bench | tee -a "$out/bench.log"
-    python3 -m ci.bench_cases --from "$out/results" 2>&1 | tee -a "$out/bench.log"
-    python3 -m ci.summarise_cases "$out/results" 2>&1 | tee -a "$out/bench.log" ;;
+    python3 -m tools.bench_cases --from "$out/results" 2>&1 | tee -a "$out/bench.log"
+    python3 -m tools.summarise_cases "$out/results" 2>&1 | tee -a "$out/bench.log" ;;
   host)
     stamp host | tee -a "$out/host.log"
-    timeout "${HOST_TIMEOUT:-240}" python3 -m ci.bench_host_threads --json "$out/host-threads.json" 2>&1 \
+    timeout "${HOST_TIMEOUT:-240}" python3 -m evidence.probes.bench_host_threads --json "$out/host-threads.json" 2>&1 \
       | grep -v "^\[" | tail -n 12 | tee -a "$out/host.log" ;;
   calibrate)
     for impl in $(python3 -m ci.backends "$arch"); do
       tag=$(echo "$impl" | tr -c 'a-z0-9_\n' '_')
       stamp "calibrate $impl" | tee -a "$out/calibrate.log"
-      timeout "${CAL_TIMEOUT:-200}" python3 -m ci.calibrate --impl "$impl" --batches "${CAL_BATCHES:-12}" \
+      timeout "${CAL_TIMEOUT:-200}" python3 -m tools.calibrate --impl "$impl" --batches "${CAL_BATCHES:-12}" \
         --models "${CAL_MODELS:-8}" --json "$out/cal-$tag.json" >> "$out/calibrate.log" 2>&1 \
         || echo "calibrate $impl exited $?" | tee -a "$out/calibrate.log"
       grep -E "^(SUMMARY|SKIPPED)" "$out/calibrate.log" | tail -1
@@ -111,7 +111,7 @@ for phase in "$@"; do
     stamp "faulty:$fault@$impl, relabelled as $impl, against $clean" | tee -a "$out/faulty.log"
     rm -rf "$out/faulty" "$out/faulty-as-clean"; mkdir -p "$out/faulty" "$out/faulty-as-clean"
     start=$(date +%s)
-    MOE_HYPOTHESIS_PROFILE="${FAULT_PROFILE:-device}" timeout -s INT -k 30 "${FAULT_TIMEOUT:-300}" bash ci/test.sh \
+    MOE_HYPOTHESIS_PROFILE="${FAULT_PROFILE:-no-shrink}" timeout -s INT -k 30 "${FAULT_TIMEOUT:-300}" bash ci/test.sh \
       suites/conformance/test_generic.py -k test_matches_reference --impl "faulty:$fault@$impl" --ep 1 \
       -p no:cacheprovider --results-dir "$out/faulty" --junitxml "$out/faulty/junit.xml" >> "$out/faulty.log" 2>&1
     echo "faulty run exit $? after $(( $(date +%s) - start ))s" | tee -a "$out/faulty.log"

@@ -1,4 +1,4 @@
-"""ci/bench_host_threads.py end to end on CPU (reference-ep under the blockwise FP8 recipe, 2 ranks): it times the
+"""evidence/probes/bench_host_threads.py end to end on CPU (reference-ep under the blockwise FP8 recipe, 2 ranks): it times the
 suite's own check work per thread count, so a faulty wrapper (one rank scaled by 1%) fails inside the timing."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ci import bench_host_threads
+from evidence.probes import bench_host_threads
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 

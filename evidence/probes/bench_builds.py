@@ -1,6 +1,6 @@
 """What a layer costs the suite: its build and first forward on the suite's own rank pools, per backend.
 
-    python -m ci.bench_builds [--impl SPEC ...] [--ep 1,2] [--json out.json]
+    python -m evidence.probes.bench_builds [--impl SPEC ...] [--ep 1,2] [--json out.json]
 
 Per implementation and EP size it runs, on one rank pool, one batch through each of:
   first       a small layer (two steps of H and I): the first build in the pool's processes;
@@ -24,7 +24,7 @@ from fixtures import oracle, systematic
 from fixtures.compare import relative_l2
 from fixtures.dist.pool import close_all
 from fixtures.geometries import MODELS, fits, model_layer
-from fixtures.impl import load
+from fixtures.implementation import load
 from fixtures.problem import BatchCase, LayerCase, Scenario
 from fixtures.runner import Subject, run_scenario
 from fixtures.selection import implementations_of

@@ -1,7 +1,7 @@
 """Compile the FlashInfer JIT modules of the SM90 kernels on a machine with nvcc and no GPU, into a tarball of
 FlashInfer AOT modules that ``ci/setup.sh`` installs on a GPU host (so a fresh host does not spend minutes in nvcc).
 
-    python -m ci.build_jit_modules [--out .gpu/jit/fi-aot.tgz] [--list]
+    python -m tools.build_jit_modules [--out .gpu/jit/fi-aot.tgz] [--list]
 
 The modules are those of ``fixtures/flashinfer/jit_modules.py`` for the installed FlashInfer. Each is built by
 FlashInfer's own JitSpec (its sources, flags and module name; the name is a hash of the sources and flags, so a
@@ -30,7 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ci import ROOT, aot_linkage, driver_stub
+from ci import ROOT, aot_linkage
+from tools import driver_stub
 
 # What the modules' sources include or link beyond nvcc itself, and where a bare nvcc can take it from; a full
 # toolkit has all of it (this project's CPU machine, 2026-12-01, had none of it: ninja stopped on each in turn)
@@ -39,7 +40,7 @@ TOOLKIT_NEEDS = (
     ("include/nvrtc.h", "the nvidia-cuda-nvrtc wheel's nvidia/cu13/include"),
     ("include/curand_kernel.h", "the nvidia-curand wheel's nvidia/cu13/include"),
     ("lib64/libcudart.so", "the toolkit's cudart (nvidia-cuda-runtime wheel: nvidia/cu13/lib)"),
-    ("lib64/stubs/libcuda.so", "the toolkit's driver stub; without a toolkit, python -m ci.driver_stub writes one"),
+    ("lib64/stubs/libcuda.so", "the toolkit's driver stub; without a toolkit, python -m tools.driver_stub writes one"),
 )
 STUB = "lib64/stubs/libcuda.so"
 
@@ -53,7 +54,7 @@ def missing_from_toolkit(cuda_home: str | Path) -> list[str]:
     stub = Path(cuda_home) / STUB
     if stub.exists() and not driver_stub.exports_driver(stub):
         missing.append(f"{stub} defines no driver symbol ({driver_stub.PROBE}): the modules would not list "
-                       f"libcuda.so.1; python -m ci.driver_stub writes a stub that does")
+                       f"libcuda.so.1; python -m tools.driver_stub writes a stub that does")
     return missing
 
 

@@ -1,8 +1,8 @@
 """Benchmark: drawn conformance cases per minute, as a user of the suite gets them.
 
-    python -m ci.bench_cases                      # runs the real suite's test_matches_reference, then reports
-    python -m ci.bench_cases -m sm90 --ep 1       # (pytest options pass through: arch, --impl, --ep, ...)
-    python -m ci.bench_cases --from results       # reports on the per-case records of a run already made
+    python -m tools.bench_cases                      # runs the real suite's test_matches_reference, then reports
+    python -m tools.bench_cases -m sm90 --ep 1       # (pytest options pass through: arch, --impl, --ep, ...)
+    python -m tools.bench_cases --from results       # reports on the per-case records of a run already made
 
 Nothing is timed here: the figures come from the per-case records (``cases-*.jsonl``) that
 ``suites/conformance/test_generic.py::test_matches_reference`` writes for every drawn case, under the

@@ -1,7 +1,7 @@
 """Write a link-time stub of the CUDA driver, ``libcuda.so`` with soname libcuda.so.1, that exports every driver
 entry point ``cuda.h`` declares, for a toolkit that has none (a bare nvcc taken from wheels has no lib64/stubs).
 
-    python -m ci.driver_stub [--cuda-home DIR] [--out FILE]   # default $CUDA_HOME/lib64/stubs/libcuda.so
+    python -m tools.driver_stub [--cuda-home DIR] [--out FILE]   # default $CUDA_HOME/lib64/stubs/libcuda.so
 
 The stub is only linked against, never run: on the GPU host the module finds the real driver by the soname. It
 must define the symbols, or the linker's ``--as-needed`` drops it and the module does not list libcuda.so.1 at all

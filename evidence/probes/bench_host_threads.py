@@ -1,6 +1,6 @@
 """Benchmark: what a rank pool's idle ranks cost the pytest process's CPU work, per thread count.
 
-    python -m ci.bench_host_threads [--impl SPEC] [--ep 8] [--threads 16,8,4,1] [--repeats 5]
+    python -m evidence.probes.bench_host_threads [--impl SPEC] [--ep 8] [--threads 16,8,4,1] [--repeats 5]
 
 It runs one case of the suite's wide layer (every rank busy) on the suite's rank pool, then, with the pool
 idle, measures:
@@ -25,7 +25,7 @@ from fixtures import checks, oracle
 from fixtures.dist.pool import close_all, get_pool
 from fixtures.geometries import wide_layer
 from fixtures.host_threads import host_threads
-from fixtures.impl import load
+from fixtures.implementation import load
 from fixtures.problem import BatchCase, Scenario
 from fixtures.runner import RunResult, Subject, run_scenario
 

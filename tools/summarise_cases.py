@@ -1,6 +1,6 @@
 """Summarise per-case results (cases-*.jsonl, written by the conformance suites) per backend and EP size.
 
-    python -m ci.summarise_cases RESULTS_DIR [RESULTS_DIR ...]
+    python -m tools.summarise_cases RESULTS_DIR [RESULTS_DIR ...]
 
 One row per (implementation, EP size): cases, batch x rank checks, the worst error against the recipe
 reference (rel-L2, cosine, token, element band units) and against the fp64 textbook, and where the time
