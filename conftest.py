@@ -4,8 +4,8 @@
   the implementations the generic suites test. Default: ``reference-ep`` plus every registered backend
   of an arch that ``-m`` names (``pytest -m sm90``: every Hopper backend) or that a GPU here has.
 * ``--ep 1,2,4,8`` (env ``MOE_CONFORMANCE_EP``): the EP sizes.
-* hypothesis profile: ``--hypothesis-profile dev|ci|nightly|no-shrink`` (env ``MOE_HYPOTHESIS_PROFILE``;
-  ``ci`` when ``CI`` is set, else ``dev``); ``MOE_HYPOTHESIS_EXAMPLES=N`` caps its examples.
+* hypothesis profile: ``--hypothesis-profile dev|ci|nightly|repro|no-shrink`` (env ``MOE_HYPOTHESIS_PROFILE``;
+  fixtures.profiles); ``MOE_HYPOTHESIS_EXAMPLES=N`` caps its examples. Every ``MOE_*`` variable: fixtures.settings.
 * markers ``sm90``/``sm100``/``sm107``/``sm120`` run only on a GPU of that arch and skip elsewhere,
   saying why.
 """
@@ -16,34 +16,15 @@ import platform
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import settings
 
 from fixtures import arch, cuda_health, host_threads, results
 from fixtures.dist.inprocess import launched_by_torchrun
 from fixtures.dist.pool import close_all
 from fixtures.selection import ep_skip_reason, selected_ep_sizes, selected_impls
 
-# Hypothesis profiles, in one place. Cases run on rank pools, so no per-example deadline.
-_COMMON = dict(deadline=None, print_blob=True,
-               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                      HealthCheck.function_scoped_fixture])
-settings.register_profile("dev", max_examples=10, **_COMMON)
-settings.register_profile("ci", max_examples=10, derandomize=True, database=None, **_COMMON)
-settings.register_profile("nightly", max_examples=200, **_COMMON)
-settings.register_profile("repro", max_examples=1, phases=[Phase.explicit], **_COMMON)
-# A lent GPU for minutes: no shrinking (each shrink step rebuilds or reruns a GPU case); the first
-# failure is printed and also kept in <results-dir>/failures-*.jsonl with its reproduction line.
-settings.register_profile("no-shrink", max_examples=10, phases=[Phase.explicit, Phase.reuse, Phase.generate],
-                          report_multiple_bugs=False, **_COMMON)
+# The hypothesis profile is loaded by fixtures.options (fixtures.profiles), before this module is imported.
 _UNDER_TORCHRUN = launched_by_torchrun()
-# Under `torchrun -m pytest` every rank must draw the same cases: derandomized profile only.
-settings.load_profile("ci" if _UNDER_TORCHRUN else
-                      os.environ.get("MOE_HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
-if os.environ.get("MOE_HYPOTHESIS_EXAMPLES"):  # budgeted runs (a lent GPU): fewer draws, same profile otherwise
-    settings.register_profile("budget", parent=settings.default,
-                              max_examples=int(os.environ["MOE_HYPOTHESIS_EXAMPLES"]))
-    settings.load_profile("budget")
-
 
 
 def pytest_configure(config):
@@ -60,7 +41,7 @@ def pytest_report_header(config):
     env = {k: v for k, v in os.environ.items() if k.startswith(("MOE_", "FLASHINFER_", "MEGA_"))}
     return [
         f"moe-conformance: impls={selected_impls(config)} ep={selected_ep_sizes(config)} "
-        f"hypothesis-profile={settings._current_profile}",
+        f"hypothesis-profile={settings.get_current_profile_name()}",
         f"torch {torch.__version__} (cuda {torch.version.cuda}, {arch.describe()}), flashinfer-python {fi}, "
         f"python {platform.python_version()}, this process's CPU threads {torch.get_num_threads()} "
         f"of {os.cpu_count()} cores (fixtures.host_threads)",

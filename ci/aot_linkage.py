@@ -4,7 +4,7 @@ symbol it calls must come from a library it lists as NEEDED, libcuda.so.1.
 Why: in the suite's process the driver is opened with ``dlopen`` (by the CUDA runtime), not made global, so its
 symbols are there only for libraries that list it. A module that calls ``cuLibraryLoadData`` without listing
 libcuda.so.1 loads fine, then the dynamic loader ends the whole process at the first call ("symbol lookup error:
-... undefined symbol: cuLibraryLoadData", exit 127, no pytest summary; the H200, 2026-12-01, eighth session). A
+... undefined symbol: cuLibraryLoadData", exit 127, no pytest summary: reference.evidence.RUN7). A
 module linked against a libcuda stub that exports nothing comes out that way, because the linker's
 ``--as-needed`` drops a library that defines none of the symbols.
 

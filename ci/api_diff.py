@@ -1,18 +1,19 @@
 """A readable diff of two FlashInfer MegaMoE API snapshots (tools/snapshot_flashinfer_api.py), and the pinned
 snapshot nearest to an unpinned version.
 
-    python -m ci.api_diff OLD.json NEW.json     # exit 0: same surface, 1: changed
+    python -m ci.api_diff OLD.json NEW.json     # exit 0: same surface, 1: changed, 2: not two snapshots
 
 Reports, section by section: kernels, aliases, exports and error classes added or removed; per config
 class, fields added, removed, and changed (default, init); signatures changed.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
 from pathlib import Path
+
+from ci import cli
 
 SNAPSHOT_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "flashinfer"
 
@@ -81,12 +82,34 @@ def diff(old: dict, new: dict) -> list[str]:
     return lines
 
 
+SECTIONS = ("flashinfer_version", "mega_kernels", "deprecated_kernel_aliases", "exports", "errors",
+            "deprecated_config_classes", "kernel_configs", "signatures")
+
+
+def read_snapshot(path: str) -> dict:
+    """A snapshot file, or an InputError saying why it is not one."""
+    accepted = "give two JSON files written by python -m tools.snapshot_flashinfer_api (fixtures/flashinfer/api-*.json)"
+    try:
+        snap = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise cli.InputError(f"cannot read {path} ({err.strerror}); {accepted}") from None
+    except ValueError as err:
+        raise cli.InputError(f"{path} is not JSON ({err}); {accepted}") from None
+    missing = [k for k in SECTIONS if k not in snap] if isinstance(snap, dict) else list(SECTIONS)
+    if missing:
+        raise cli.InputError(f"{path} is not an API snapshot (no {', '.join(missing)}); {accepted}")
+    return snap
+
+
+@cli.command("ci.api_diff")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="diff two FlashInfer API snapshots")
+    p = cli.Parser("ci.api_diff", description="diff two FlashInfer API snapshots",
+                   codes={0: "the same API surface", 1: "the API changed",
+                          2: "unusable input: a file missing, not JSON, or not a snapshot"})
     p.add_argument("old")
     p.add_argument("new")
     a = p.parse_args(argv)
-    old, new = (json.loads(Path(x).read_text()) for x in (a.old, a.new))
+    old, new = read_snapshot(a.old), read_snapshot(a.new)
     lines = diff(old, new)
     print(f"{old['flashinfer_version']} -> {new['flashinfer_version']}: {len(lines)} difference(s)")
     print("\n".join(lines))

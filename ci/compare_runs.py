@@ -28,23 +28,24 @@ Incomparable: either folder holds neither per-case records nor failures, or the 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
 import sys
 from collections import defaultdict
 from pathlib import Path
+from xml.etree import ElementTree
 
 from scipy.stats import mannwhitneyu
 
+from ci import cli
 from fixtures.results import case_records, expected_by_its_test, junit_outcomes, latency_rows, records
 
 FAULT_PREFIX = "faulty:"  # a fault wrapper's name (fixtures/backends/faulty.py), e.g. faulty:scale_1e-2@<backend>
 
 P_VALUE = 1e-3
 MEDIAN_RATIO = 1.5
-# Two clean runs of tools.bench_latency on one H200, two minutes apart (2026-12-01, fifth run, raw/2026-12-01-run5):
+# Two clean runs of tools.bench_latency on one H200, two minutes apart (reference.evidence.RAW_RUN5):
 # per backend the geometric mean of the median ratios over its 10 rows was 0.87-1.13, single kernel rows moved by
 # up to 1.5x (0.45 -> 0.67 ms), torch's baseline rows by up to 1.9x. A rule of 5% per row flagged 14 of 60 rows.
 LATENCY_BACKEND_NOISE = 0.25  # about twice the largest clean backend shift
@@ -221,11 +222,39 @@ def compare(old: Path, new: Path) -> tuple[int, list[str]]:
     return (1 if regressed else 0), report
 
 
+def readable(folder: Path, name: str) -> None:
+    """Raise an InputError naming the first file of ``folder`` that its rules could not read (a missing folder, a
+    line that is not JSON, a JUnit file that is not XML), so a broken folder is incomparable, never a verdict."""
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise cli.InputError(f"incomparable: {name} folder {folder} {what}; give two results folders (each run's "
+                             "--results-dir)")
+    try:
+        for path in sorted(folder.rglob("*.jsonl")):
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                if line.strip():
+                    json.loads(line)
+        for path in [*sorted(folder.rglob("junit*.xml")), *(folder / n for n in ("latency.json", "api.json"))]:
+            if path.suffix == ".xml":
+                ElementTree.parse(path)
+            elif path.exists():
+                json.loads(path.read_text())
+    except (ValueError, ElementTree.ParseError) as err:  # json's errors are ValueErrors
+        where = f"{path} line {number}" if path.suffix == ".jsonl" else str(path)
+        raise cli.InputError(f"incomparable: {where} is malformed ({err}); the records are JSON lines and the JUnit "
+                             "files XML, as the suite writes them") from None
+
+
+@cli.command("ci.compare_runs")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = cli.Parser("ci.compare_runs", description=__doc__.splitlines()[0],
+                   codes={0: "no regression", 1: "regression",
+                          2: "incomparable: a folder missing or malformed, or nothing to compare"})
     p.add_argument("old", type=Path)
     p.add_argument("new", type=Path)
     a = p.parse_args(argv)
+    readable(a.old, "OLD")
+    readable(a.new, "NEW")
     code, lines = compare(a.old, a.new)
     print("\n".join(lines))
     print({0: "verdict: no regression", 1: "verdict: REGRESSION", 2: "verdict: incomparable"}[code])

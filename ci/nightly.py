@@ -14,12 +14,11 @@ command (its set-up, ini and defaults; the nightly adds its profile, the progres
   2. ``python -m tools.bench_latency`` (a GPU only), then ``python -m ci.report``.
 The folder holds the JUnit files, the per-case records, ``env.json`` (versions, GPUs,
 driver, commit, each phase's wall time), ``api.json`` (the FlashInfer API snapshot, for ci.compare_runs),
-``latency.json``, ``report.md``, ``report.html`` and ``plots/``. Exit 0 when every phase passed. ``--arch cpu``
-runs the CPU tier the same way (the job's own test).
+``latency.json``, ``report.md``, ``report.html`` and ``plots/``. ``--arch cpu`` runs the CPU tier the same way (the
+job's own test). Exit codes (CODES): a night that tested nothing is red too.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import importlib.util
 import json
@@ -31,8 +30,13 @@ import threading
 import time
 from pathlib import Path
 
-from ci import ROOT
+from ci import ROOT, cli
+from fixtures import settings
 
+
+CODES = {0: "every phase passed, and tests ran", 1: "a phase failed (tests failed, crashed or timed out)",
+         2: "no GPU of a known arch here (say --arch cpu for the CPU tier)",
+         5: "nothing tested: no test ran, or every test skipped"}
 
 
 def gpus(arch: str) -> list[int]:
@@ -84,7 +88,7 @@ def phase_commands(arch: str, devices: list[int], out: Path, extra: list[str]) -
     # -p fixtures.options: a replacement for a crashed xdist worker parses the command line before any conftest
     # (ci/test.sh says more)
     ep1 += ["-p", "fixtures.options"]
-    env1 = {"MOE_PIN_WORKER_GPU": "1", "MOE_GPU_LIST": ",".join(map(str, devices)),
+    env1 = {settings.PIN_WORKER_GPU.name: "1", settings.GPU_LIST.name: ",".join(map(str, devices)),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     rest = [*base, "-m", f"{arch} and ep", "--ep", "2,4,8", "--junitxml", str(out / "junit-ep2-8.xml")]
     return [("ep1", [*ep1, *extra], env1), ("ep2-8", [*rest, *extra], {})]
@@ -114,11 +118,27 @@ def run(cmd: list, env: dict, log: Path, timeout: float) -> tuple[int, float, st
     return (124 if timed_out and code != 0 else code), round(time.monotonic() - started, 1), last[-400:]
 
 
+def nothing_tested(out: Path, arch: str) -> str | None:
+    """Why a night whose phases all passed tested nothing (no test ran, or every test skipped), else None: such a
+    night is red, since a green one must have tested something."""
+    from fixtures import arch as arches
+    from fixtures.results import junit_outcomes
+
+    outcomes = junit_outcomes(out)
+    known = "" if arch in (*arches.ARCH_MARKERS, "cpu") else \
+        f" ({arch} is no arch the suite knows: {', '.join(arches.ARCH_MARKERS)}, cpu)"
+    if not outcomes:
+        return f"no test ran{known}"
+    if all(outcome == "skipped" for outcome in outcomes.values()):
+        return f"every one of its {len(outcomes)} tests skipped{known}: the report lists why"
+    return None
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = cli.Parser("ci.nightly", description=__doc__.splitlines()[0], codes=CODES)
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--arch", default=None, help="default: this machine's GPU arch (sm90, ...); 'cpu' for the CPU tier")
-    p.add_argument("--profile", default=os.environ.get("MOE_HYPOTHESIS_PROFILE", "nightly"))
+    p.add_argument("--profile", default=settings.HYPOTHESIS_PROFILE.raw() or "nightly")  # pytest checks it
     p.add_argument("--examples", type=int, default=None, help="cap the hypothesis examples (MOE_HYPOTHESIS_EXAMPLES)")
     p.add_argument("--no-latency", action="store_true")
     p.add_argument("--phase-timeout", type=float, default=6 * 3600)
@@ -145,8 +165,8 @@ def main(argv=None) -> int:
         (out / "api.json").write_text(json.dumps(snapshot(), indent=1, sort_keys=True))
     except Exception as err:  # noqa: BLE001 (no FlashInfer here: the report says so)
         env_info["api_snapshot"] = f"not taken: {type(err).__name__}: {err}"
-    common = {"MOE_HYPOTHESIS_PROFILE": a.profile, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-              "NVSHMEM_DISABLE_NVLS": "1", **({"MOE_HYPOTHESIS_EXAMPLES": str(a.examples)} if a.examples else {})}
+    common = {settings.HYPOTHESIS_PROFILE.name: a.profile, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+              "NVSHMEM_DISABLE_NVLS": "1", **({settings.HYPOTHESIS_EXAMPLES.name: str(a.examples)} if a.examples else {})}
     log, worst = out / "nightly.log", 0
     print(f"nightly: {arch}, {len(devices)} GPU(s), profile {a.profile}, results in {out}", flush=True)
     for name, cmd, env in phase_commands(arch, devices, out, extra):
@@ -154,7 +174,7 @@ def main(argv=None) -> int:
         code, seconds, last = run(cmd, {**common, **env}, log, a.phase_timeout)
         env_info["phases"][name] = {"exit": code, "seconds": seconds, "last_line": last}
         print(f"nightly: phase {name} exit {code} after {seconds} s", flush=True)
-        worst = worst if code in (0, 5) else max(worst, 1)
+        worst = worst if code in (0, 5) else max(worst, 1)  # 5, nothing collected: judged below, by what ran
     if devices and not a.no_latency:
         code, seconds, last = run([python, "-m", "tools.bench_latency", "--json", str(out / "latency.json")], common,
                                   log, a.phase_timeout)
@@ -163,6 +183,10 @@ def main(argv=None) -> int:
     from ci import report
     for path in report.write(out):
         print(f"nightly: wrote {path}", flush=True)
+    empty = nothing_tested(out, arch) if worst == 0 else None
+    if empty:
+        print(f"nightly: RED: {empty}", file=sys.stderr, flush=True)
+        return cli.NOTHING_TESTED
     return worst
 
 

@@ -3,18 +3,86 @@
     python -m ci.repro --impl reference-ep --checks oracle --scenario '<scenario JSON>' [--seed N]
 
 Runs the scenario on a fresh rank pool of the scenario's EP size, through each named check of the
-registry (fixtures.checks.CHECKS), and prints the verdict of each; exits 1 if any check fails.
+registry (fixtures.checks.CHECKS), and prints the verdict of each. Exit 0: every check passes; 1: a check
+failed (reproduced); 2: unusable input (a scenario that is not JSON or not a valid scenario, an unknown
+implementation or check), said in one line before anything runs.
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
+import json
 import sys
 
+import jsonschema
+
+from ci import cli
 from fixtures.checks import CHECKS
 from fixtures.dist.pool import close_all
 from fixtures.implementation import load
-from fixtures.problem import Scenario
+from fixtures.problem import PATTERNS, BatchCase, LayerCase, Scenario, make_batch
 from fixtures.runner import Subject
+from reference.routing import METHOD_TABLE
+
+_TYPES = {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}
+_AT_LEAST_1 = ("num_experts", "hidden", "intermediate", "top_k", "capacity", "ep_size")
+_CHOICES = {"method": sorted(METHOD_TABLE), "pattern": list(PATTERNS)}
+
+
+def _schema_of(cls, required=None) -> dict:
+    """The JSON schema of a problem dataclass, from its fields (a field without a default is required): a
+    scenario JSON is those dataclasses' fields, so the schema follows them."""
+    props = {}
+    for f in dataclasses.fields(cls):
+        kinds = [k.strip() for k in str(f.type).split("|")]
+        base = next(k for k in kinds if k != "None")
+        item = base[len("tuple["):].split(",")[0] if base.startswith("tuple[") else None
+        nested = {"LayerCase": LayerCase, "BatchCase": BatchCase}.get(item or base)
+        one = _schema_of(nested) if nested else {"type": _TYPES[item or base]}
+        if f.name == "tokens":
+            one = {**one, "minimum": 0}
+        schema = {"type": "array", "items": one} if item else dict(one)
+        if f.name in _AT_LEAST_1:
+            schema["minimum"] = 1
+        if f.name == "batches":
+            schema["minItems"] = 1
+        if f.name in _CHOICES:
+            schema["enum"] = _CHOICES[f.name]
+        props[f.name] = {"anyOf": [schema, {"type": "null"}]} if "None" in kinds else schema
+    needed = [f.name for f in dataclasses.fields(cls)
+              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    return {"type": "object", "properties": props, "required": required or needed, "additionalProperties": False}
+
+
+def scenario_from_line(text: str) -> Scenario:
+    """The scenario of a reproduction line, or an InputError naming what is wrong with it."""
+    try:
+        raw = json.loads(text)
+    except ValueError as err:
+        raise cli.InputError(f"--scenario is not JSON ({err}); give the scenario JSON a failure printed") from None
+    schema = _schema_of(Scenario, required=["layer", "batches", "ep_size"])
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(raw))
+    if error is not None:
+        where = "/".join(map(str, error.absolute_path)) or "the top level"
+        raise cli.InputError(f"--scenario is not a valid scenario: at {where}: {error.message}")
+    scenario = Scenario.from_json(text)
+    layer, ep = scenario.layer, scenario.ep_size
+    why = ((layer.top_k > layer.num_experts and f"top_k {layer.top_k} > num_experts {layer.num_experts}")
+           or (layer.num_experts % ep and f"num_experts {layer.num_experts} is not a multiple of ep_size {ep}"))
+    for i, batch in enumerate(scenario.batches):
+        if why:
+            break
+        if len(batch.tokens) != ep:
+            why = f"batch {i} has token counts for {len(batch.tokens)} ranks, ep_size is {ep}"
+        elif max(batch.tokens) > layer.capacity:
+            why = f"batch {i} gives a rank {max(batch.tokens)} tokens, more than the layer's capacity {layer.capacity}"
+        else:
+            try:  # the batch's tokens and routing, as every rank will make them (cheap: no weights)
+                make_batch(layer, batch, ep)
+            except (ValueError, RuntimeError) as err:
+                why = f"batch {i} cannot be made: {err}"
+    if why:
+        raise cli.InputError(f"--scenario is not a valid scenario: {why}")
+    return scenario
 
 
 def verdicts(subject: Subject, scenario: Scenario, names: list[str], seed: int) -> list[tuple[str, bool, str]]:
@@ -36,9 +104,11 @@ def verdicts(subject: Subject, scenario: Scenario, names: list[str], seed: int) 
 
 
 def parse(argv) -> tuple[Subject, Scenario, list[str], int]:
-    """The subject, scenario, checks and seed a reproduction line names."""
-    p = argparse.ArgumentParser(description="re-run one conformance case")
-    p.add_argument("--impl", required=True, help="registered name or pkg.module:factory")
+    """The subject, scenario, checks and seed a reproduction line names (an InputError if it names none)."""
+    p = cli.Parser("ci.repro", description="re-run one conformance case",
+                   codes={0: "every check passes (not reproduced)", 1: "a check failed (reproduced)",
+                          2: "unusable input: the scenario, implementation or checks (one line says which)"})
+    p.add_argument("--impl", required=True, help="registered name or pkg.module:factory (python -m ci.backends)")
     p.add_argument("--scenario", required=True, help="the scenario JSON printed with the failure")
     p.add_argument("--checks", default="oracle,textbook", help=f"comma-separated subset of {list(CHECKS)}")
     p.add_argument("--seed", type=int, default=0, help="seed of the checks that take one (permutation, relabel)")
@@ -47,10 +117,18 @@ def parse(argv) -> tuple[Subject, Scenario, list[str], int]:
     unknown = [n for n in names if n not in CHECKS]
     if unknown:
         p.error(f"unknown check(s) {unknown}; choose from {list(CHECKS)}")
-    scenario = Scenario.from_json(a.scenario)
-    return Subject(a.impl, load(a.impl), scenario.ep_size), scenario, names, a.seed
+    scenario = scenario_from_line(a.scenario)
+    try:
+        implementation = load(a.impl)
+    except (LookupError, ValueError, TypeError) as err:
+        raise cli.InputError(f"--impl: {err}") from None
+    if scenario.ep_size not in implementation.capabilities.ep_sizes:
+        raise cli.InputError(f"--impl {a.impl} does not run at ep_size {scenario.ep_size}; it supports "
+                             f"{implementation.capabilities.ep_sizes}")
+    return Subject(a.impl, implementation, scenario.ep_size), scenario, names, a.seed
 
 
+@cli.command("ci.repro")
 def main(argv=None) -> int:
     subject, scenario, names, seed = parse(argv)
     try:

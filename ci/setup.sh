@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Set up the Python environment the suite runs in; safe to run again. Prints the python to use.
-#   CPU machine: a .venv in the repo, torch==2.13.0 FIRST (the CPU build on local disk; anything that
-#   depends on torch installed before it would pull a multi-GB CUDA build), then the pinned test deps
-#   and flashinfer-python (its public API is pinned by CPU tests).
-#   GPU host prepared with ../shared/gpu (no network): ~/gpu-env.sh is sourced and its python3 used;
+#   CPU machine: a .venv in the repo at CI's exact versions (ci/constraints.txt, applied to every pip
+#   install here; pyproject.toml declares only ranges), torch FIRST (the CPU build on local disk; anything
+#   that depends on torch installed before it would pull a multi-GB CUDA build), then the test deps and
+#   flashinfer-python (its public API is pinned by CPU tests). Re-installs when either file is newer.
+#   GPU host prepared offline (no network; docs/gpu-hosts.md): ~/gpu-env.sh is sourced and its python3 used;
 #   a packed FlashInfer JIT cache (MOE_JIT_CACHE, default .gpu/jit/fi-jit.tgz) is restored once, so the
 #   kernels load instead of compiling (minutes on a fresh host).
 set -euo pipefail
@@ -39,23 +40,32 @@ if [ -f "$HOME/gpu-env.sh" ] && [ "${MOE_USE_VENV:-0}" != "1" ]; then
   exit 0
 fi
 venv="${MOE_VENV:-$root/.venv}"
-stamp="$venv/.moe-installed"
-if [ ! -f "$stamp" ] || [ "$root/pyproject.toml" -nt "$stamp" ]; then
+constraints="$root/ci/constraints.txt"
+stale() { [ ! -f "$1" ] || [ "$root/pyproject.toml" -nt "$1" ] || [ "$constraints" -nt "$1" ]; }
+# "pip_in PYTHON CONSTRAINTS ARGS...": a quiet pip install at the exact versions of CONSTRAINTS
+pip_in() {
+  local python=$1 pins=$2
+  shift 2
+  "$python" -m pip install -q -c "$pins" "$@" 2>&1 | grep -v "is ignored" >&2 || true
+}
+if stale "$venv/.moe-installed"; then
   python3 -m venv "$venv" >&2
-  "$venv/bin/python" -m pip install -q --upgrade pip >&2 2>/dev/null || true
-  "$venv/bin/python" -m pip install -q "torch==2.13.0" 2>&1 | grep -v "is ignored" >&2 || true
-  "$venv/bin/python" -m pip install -q -e "$root[test,flashinfer]" 2>&1 | grep -v "is ignored" >&2 || true
+  "$venv/bin/python" -m pip install -q -c "$constraints" --upgrade pip >&2 2>/dev/null || true
+  pip_in "$venv/bin/python" "$constraints" torch
+  pip_in "$venv/bin/python" "$constraints" -e "$root[test,flashinfer]"
   "$venv/bin/python" -c "import torch, pytest, hypothesis, flashinfer" >&2
-  touch "$stamp"
+  touch "$venv/.moe-installed"
 fi
 # The other FlashInfer version the suite supports, in a small environment of its own: the CPU tier runs
-# the FlashInfer API tests against it too (suites/flashinfer/test_other_versions.py). "" skips it.
+# the FlashInfer API tests against it too (suites/flashinfer/test_other_versions.py). "" skips it. Its
+# constraints are CI's without the flashinfer-python pin, which that version replaces.
 for other in ${MOE_OTHER_FLASHINFER-0.7.2.post1}; do
   env2="$root/.venv-fi-$other"
-  if [ ! -f "$env2/.moe-installed" ] || [ "$root/pyproject.toml" -nt "$env2/.moe-installed" ]; then
+  if stale "$env2/.moe-installed"; then
     python3 -m venv "$env2" >&2
-    "$env2/bin/python" -m pip install -q "torch==2.13.0" 2>&1 | grep -v "is ignored" >&2 || true
-    "$env2/bin/python" -m pip install -q -e "$root[test]" "flashinfer-python==$other" 2>&1 | grep -v "is ignored" >&2 || true
+    grep -v '^flashinfer-python==' "$constraints" > "$env2/constraints.txt"
+    pip_in "$env2/bin/python" "$env2/constraints.txt" torch
+    pip_in "$env2/bin/python" "$env2/constraints.txt" -e "$root[test]" "flashinfer-python==$other"
     "$env2/bin/python" -c "import torch, pytest, hypothesis, flashinfer" >&2 && touch "$env2/.moe-installed"
   fi
 done

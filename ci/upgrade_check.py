@@ -4,20 +4,21 @@ on both, one verdict.
     python -m ci.upgrade_check 0.7.2.post1 0.7.4             # versions (or wheel paths) to install
     python -m ci.upgrade_check .venv-fi-0.7.2.post1 .venv    # existing environments (a folder with bin/python)
     python -m ci.upgrade_check ~/gpu-site-fi072 ~/gpu-site -- suites/conformance -k matches_reference
-        # `pip --target` folders holding FlashInfer (../shared/gpu's bundles), pytest arguments after --
+        # `pip --target` folders holding FlashInfer (an offline GPU host's bundles), pytest arguments after --
 
 For each side it makes (or reuses) an environment (torch 2.13.0 first, then the suite's test extras, then
 the FlashInfer spec), snapshots FlashInfer's MegaMoE API, and, where a GPU is present, runs the same
 derandomized cases (the ci profile) of `-m ARCH` on the implementations both versions register, with a results
 folder and a JUnit file each. It prints the API diff
 (ci/api_diff.py) and, for GPU runs, ci/compare_runs.py's verdict. Exit: compare_runs's code on a GPU, else
-0 when the API is unchanged and 1 when it changed (a changed API is for review, not necessarily a fault).
+0 when the API is unchanged and 1 when it changed (a changed API is for review, not necessarily a fault); 2 for an
+OLD or NEW that names no version, wheel or environment (one line says what each may be).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,7 +26,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ci import ROOT, api_diff, compare_runs, pytest_argv
+from ci import ROOT, api_diff, cli, compare_runs, pytest_argv
+from fixtures import settings
+
+VERSION = re.compile(r"\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?")
+SPECS = ("a FlashInfer version (0.7.4), a wheel (.whl), an environment (a folder with bin/python) or a "
+         "`pip --target` folder holding flashinfer/")
+CODES = {0: "no regression (GPU), or the same API (no GPU)", 1: "a regression (GPU), or the API changed (no GPU: "
+         "for review)", 2: "unusable input: OLD or NEW names nothing installable, or the runs are incomparable"}
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,19 @@ class Side:
         fixtures/flashinfer/deepgemm_cache.py gives each version its own)."""
         path = [p for p in (self.site, str(ROOT), os.environ.get("PYTHONPATH", "")) if p]
         env = {k: v for k, v in os.environ.items() if k != "TRTLLM_DG_CACHE_DIR"}
-        return {**env, "PYTHONPATH": os.pathsep.join(path), "MOE_HYPOTHESIS_PROFILE": "ci"}
+        return {**env, "PYTHONPATH": os.pathsep.join(path), settings.HYPOTHESIS_PROFILE.name: "ci"}
+
+
+def check_spec(spec: str, which: str) -> None:
+    """An InputError unless ``spec`` is something :func:`environment` can make a side of."""
+    given = Path(spec).expanduser()
+    if (given / "bin" / "python").exists() or (given / "flashinfer" / "__init__.py").exists():
+        return
+    if given.suffix == ".whl" and given.is_file() or given.suffix != ".whl" and VERSION.fullmatch(spec):
+        return
+    what = ("a folder with neither bin/python nor flashinfer/" if given.is_dir() else
+            "no wheel there" if given.suffix == ".whl" else "not a version, and no such folder")
+    raise cli.InputError(f"{which} {spec!r}: {what}; give {SPECS}")
 
 
 def environment(spec: str, workdir: Path) -> Side:
@@ -56,8 +76,11 @@ def environment(spec: str, workdir: Path) -> Side:
     python = venv / "bin" / "python"
     if not (venv / ".moe-installed").exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        pip = [str(python), "-m", "pip", "install", "-q"]
-        subprocess.run(pip + ["torch==2.13.0"], check=True)
+        pins = venv / "constraints.txt"  # CI's exact versions (ci/constraints.txt) but FlashInfer's, given here
+        pins.write_text("".join(line for line in (ROOT / "ci" / "constraints.txt").read_text().splitlines(True)
+                                if not line.startswith("flashinfer-python==")))
+        pip = [str(python), "-m", "pip", "install", "-q", "-c", str(pins)]
+        subprocess.run(pip + ["torch"], check=True)
         package = str(given) if given.suffix == ".whl" else f"flashinfer-python=={spec}"
         subprocess.run(pip + ["-e", f"{ROOT}[test]", package], check=True)
         (venv / ".moe-installed").touch()
@@ -100,15 +123,22 @@ def run_cases(side: Side, arch: str, specs: list[str], results: Path, pytest_arg
     return code
 
 
+@cli.command("ci.upgrade_check")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("old")
-    p.add_argument("new")
-    p.add_argument("--arch", default="sm90", help="the arch marker whose cases run on a GPU")
+    from fixtures.arch import ARCH_MARKERS
+
+    p = cli.Parser("ci.upgrade_check", description=__doc__.splitlines()[0], codes=CODES,
+                   more="after --: pytest arguments for both sides' runs")
+    p.add_argument("old", help=SPECS)
+    p.add_argument("new", help="as OLD")
+    p.add_argument("--arch", default="sm90", choices=sorted(ARCH_MARKERS),
+                   help="the arch marker whose cases run on a GPU")
     p.add_argument("--workdir", type=Path, default=ROOT / "results" / "upgrade")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)  # after --: pytest arguments for both sides' runs
     a, extra = p.parse_args(argv[:cut]), argv[cut + 1:]
+    check_spec(a.old, "OLD")
+    check_spec(a.new, "NEW")
     a.workdir.mkdir(parents=True, exist_ok=True)
     sides = {name: environment(spec, a.workdir) for name, spec in (("old", a.old), ("new", a.new))}
     snaps = {name: snapshot(side) for name, side in sides.items()}

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from reference.moe import PreparedWeights, combine_terms, expert_owners, moe_terms, prepare_weights
+from reference.moe import PreparedWeights, combine_terms, expert_owners, moe_terms
 from reference.recipes import Recipe
 
 
@@ -33,12 +33,6 @@ def expert_range(rank: int, world_size: int, num_experts: int) -> tuple[int, int
         raise ValueError(f"E={num_experts} experts cannot be split evenly over {world_size} ranks")
     local = num_experts // world_size
     return rank * local, (rank + 1) * local
-
-
-def shard_weights(w13: torch.Tensor, w2: torch.Tensor, rank: int, world_size: int):
-    """This rank's slice of the global expert weights."""
-    lo, hi = expert_range(rank, world_size, w13.shape[0])
-    return w13[lo:hi], w2[lo:hi]
 
 
 def _all_gather_padded(t: torch.Tensor, max_rows: int, fill, group) -> torch.Tensor:
@@ -83,8 +77,3 @@ def ep_moe_forward(
     for source in range(world):
         mine += received[source * tokens:(source + 1) * tokens]  # one owner per route: exact
     return combine_terms(mine, recipe, expert_owners(topk_ids, world * local_weights.num_experts, world))
-
-
-def ep_prepare(w13: torch.Tensor, w2: torch.Tensor, recipe: Recipe, rank: int, world_size: int) -> PreparedWeights:
-    """Shard then prepare: the local experts, rounded as the recipe stores them."""
-    return prepare_weights(*shard_weights(w13, w2, rank, world_size), recipe)

@@ -102,7 +102,7 @@ def mx_round_trip(x: torch.Tensor, *, fmt: str = "mxfp8_e4m3", exponent: str = "
 
 def humming_rewrite(packed: torch.Tensor, scale_codes: torch.Tensor, *, max_range: int = 11):
     """The lossy step of FlashInfer 0.7.4's SM90 FP8 x MXFP4 weight preprocessing (adapted from Humming;
-    0.7.4 delta §2.2 item 5), per matrix (the last two dims: one expert's leg).
+    kernels §D2.2 item 5), per matrix (the last two dims: one expert's leg).
 
     The kernel keeps each block's exponent as a small offset above the matrix's floor
     ``smin' = smax - min(smax - smin, max_range)`` (smax, smin: the largest and smallest E8M0 code of

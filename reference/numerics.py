@@ -72,7 +72,7 @@ BF16 = Quant("bf16")
 class Tolerance:
     """How close an implementation of a recipe must come to the recipe-emulating reference.
 
-    Three criteria, all required (peer-test-practices §1.4: FlashInfer pairs a global rel-L2 with an
+    Three criteria, all required (docs/flashinfer-kernels.md §5: FlashInfer pairs a global rel-L2 with an
     element-wise band):
     * global relative L2 ``||out - ref|| / ||ref|| <= rel_l2`` and cosine ``>= cosine``;
     * per token: ``||out_t - ref_t|| <= row_rel_l2 * ||ref_t|| + row_floor * ||M_t||`` (catches one
@@ -87,8 +87,9 @@ class Tolerance:
     The global bounds are population bounds, measured on batches of tens of tokens; a rank's output of n
     tokens is a sample of n rows, whose relative L2 spreads as 1/sqrt(n) around it. :meth:`global_bounds`
     widens them towards the per-token bound accordingly: one token is held to ``row_rel_l2`` (the global
-    norm of one row is that row's), many tokens to ``rel_l2`` (H200, 2026-12-01: the blockwise pull kernel
-    at 1, 7 and 13 tokens of an H=128 layer, rel-L2 0.037, 0.030 and 0.023 against 0.02, band <= 8.3 units).
+    norm of one row is that row's), many tokens to ``rel_l2`` (the blockwise pull kernel on the
+    H200 at 1, 7 and 13 tokens of an H=128 layer: rel-L2 0.037, 0.030 and 0.023 against 0.02, band <= 8.3
+    units; reference.evidence.RUN2).
 
     :class:`Systematic` bounds what a noise bound cannot see: a gain or bias that every element shares.
     """

@@ -1,6 +1,6 @@
 """Exact quantize / dequantize pairs for the MoE wire and weight formats.
 
-Formats (peer-test-practices §3, catalogue §2-§3):
+Formats (docs/flashinfer-kernels.md §2-§3, §D2):
 * FP8 E4M3 / E5M2 with fp32 or UE8M0 scales: per tensor, per (1, G) group, or per (128, 128) block.
 * NVFP4: E2M1 values, one E4M3 scale per 16 elements, one fp32 global scale.
 * MX (OCP microscaling) and the 128x4 scale swizzle live in ``reference.mx``, on these helpers.
@@ -279,7 +279,7 @@ def nvfp4_weight_pack(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
 def nvfp4_e4m3_operand_round_trip(x: torch.Tensor) -> torch.Tensor:
     """The weight operand of FlashInfer 0.7.4's SM90 FP8 x NVFP4 pull kernel for weights packed by
     :func:`nvfp4_weight_pack`: its FP8 tensor cores see E4M3(q*s/8) (q the E2M1 value, s its E4M3 block
-    scale), and its per-expert output scale is 8*G (0.7.4 delta §2.3). So each decoded q*s is rounded
+    scale), and its per-expert output scale is 8*G (kernels §D2.3). So each decoded q*s is rounded
     once more, to E4M3 after a division by 8, and scaled by 8*G."""
     packed, block_scales, g = nvfp4_weight_pack(x)
     qs = e2m1_decode(unpack_fp4(packed)) * block_scales.float().repeat_interleave(NVFP4_BLOCK, dim=-1)

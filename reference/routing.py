@@ -1,6 +1,6 @@
 """Router reference: logits -> (topk_ids, topk_weights), in fp32, for every FlashInfer routing method.
 
-Method names follow FlashInfer's ``RoutingMethodType`` (catalogue §6.1; peer-test-practices §2):
+Method names follow FlashInfer's ``RoutingMethodType`` (docs/flashinfer-kernels.md §6.1):
 
 ==================  ==========================================================================
 Default             p = softmax(z); ids = topk(p); w = p[ids]
@@ -162,6 +162,12 @@ METHOD_TABLE = {m.name: m for m in (
 )}
 METHODS = tuple(METHOD_TABLE)
 BIASED_METHODS = tuple(m.name for m in METHOD_TABLE.values() if m.biased)  # e_score_correction_bias
+
+
+def methods_for(top_k: int) -> tuple[str, ...]:
+    """The methods of the table that route to ``top_k`` experts (the top-1 ones only at K = 1), in table order;
+    read at each call, so whoever draws from it draws a row added to the table."""
+    return tuple(m.name for m in METHOD_TABLE.values() if not m.top_1 or top_k == 1)
 
 
 def route(

@@ -21,6 +21,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from fixtures import settings
 from fixtures.results import case_records
 
 CHECK = "oracle+textbook"  # the records of test_matches_reference
@@ -65,7 +66,7 @@ def main(argv=None) -> int:
     source = a.source
     if source is None:
         source = Path(tempfile.mkdtemp(prefix="bench-cases-"))
-        env = {**os.environ, "MOE_HYPOTHESIS_PROFILE": os.environ.get("MOE_HYPOTHESIS_PROFILE", "ci")}
+        env = {**os.environ, settings.HYPOTHESIS_PROFILE.name: settings.HYPOTHESIS_PROFILE.raw() or "ci"}
         cmd = [sys.executable, "-m", "pytest", "suites/conformance/test_generic.py", "-k", "test_matches_reference",
                "-q", "-p", "no:cacheprovider", "--results-dir", str(source), *pytest_args]
         print("running:", " ".join(cmd), flush=True)

@@ -8,7 +8,8 @@ For every SM90 backend the installed FlashInfer registers (or ``--impl``), one E
 top-4) with the capacity the largest token count needs (a kernel that refuses it is reported so), then per
 token count: CUDA-event timing after warm-up, the median and interquartile range over repeats, and the
 achieved TFLOP/s (6·T·K·H·I) and HBM GB/s (a lower bound: the routed experts' weights once, the tokens in
-and out) as fractions of the H200's peaks. The ``torch`` row runs the same MoE as bf16 per-expert matmuls in
+and out) as fractions of the GPU model's peaks (``GPU_PEAKS``; None, and the JSON says why, on a device the table
+lacks). The ``torch`` row runs the same MoE as bf16 per-expert matmuls in
 PyTorch on the same device: the baseline column a kernel engineer compares with.
 """
 from __future__ import annotations
@@ -24,7 +25,24 @@ import torch
 
 from fixtures.problem import BatchCase, LayerCase, make_batch, make_weights
 
-GPU_PEAKS = {"bf16_tflops": 989.0, "fp8_tflops": 1979.0, "hbm_gbs": 4800.0}  # vendor datasheet, SXM, dense
+# Dense peaks (the datasheets' tensor-core figures are with 2:4 sparsity: half of them), keyed by
+# torch.cuda.get_device_name.
+GPU_PEAKS = {
+    # H200 SXM, https://www.nvidia.com/en-us/data-center/h200/ (BF16 1,979 and FP8 3,958 TFLOPS sparse, 4.8 TB/s)
+    "NVIDIA H200": {"bf16_tflops": 989.0, "fp8_tflops": 1979.0, "hbm_gbs": 4800.0},
+    # H100 SXM, https://www.nvidia.com/en-us/data-center/h100/ (BF16 1,979 and FP8 3,958 TFLOPS sparse, 3.35 TB/s)
+    "NVIDIA H100 80GB HBM3": {"bf16_tflops": 989.0, "fp8_tflops": 1979.0, "hbm_gbs": 3350.0},
+}
+
+
+def device_peaks(device: torch.device) -> tuple[str | None, dict | None, str]:
+    """(the GPU's model name, None off a GPU; its GPU_PEAKS entry or None; why None, "" when there is one)."""
+    if device.type != "cuda":
+        return None, None, f"no peaks for a {device.type} device: GPU_PEAKS holds GPU datasheet figures"
+    name = torch.cuda.get_device_name(device)
+    if name not in GPU_PEAKS:
+        return name, None, f"no peaks for {name!r} in tools.bench_latency.GPU_PEAKS (known: {sorted(GPU_PEAKS)})"
+    return name, GPU_PEAKS[name], ""
 
 
 @dataclass(frozen=True)
@@ -87,17 +105,20 @@ def _time(fn, device, warmup: int, repeats: int) -> list[float]:
     return times
 
 
-def row(impl: str, geometry: Geometry, tokens: int, times: list[float], weight_bytes: float) -> dict:
+def row(impl: str, geometry: Geometry, tokens: int, times: list[float], weight_bytes: float,
+        peaks: dict | None) -> dict:
+    """One timed row; the fraction-of-peak fields are None without ``peaks`` (a device GPU_PEAKS lacks)."""
     q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
     median = statistics.median(times)
     flops = 6.0 * tokens * geometry.top_k * geometry.hidden * geometry.intermediate
     touched = min(geometry.experts, tokens * geometry.top_k)
     moved = touched * 3 * geometry.hidden * geometry.intermediate * weight_bytes + 4.0 * tokens * geometry.hidden
-    peak = GPU_PEAKS["fp8_tflops" if weight_bytes < 2 else "bf16_tflops"]
     tflops, gbs = flops / median / 1e9, moved / median / 1e6
+    peak = peaks and peaks["fp8_tflops" if weight_bytes < 2 else "bf16_tflops"]
     return {"impl": impl, "geometry": geometry.name, "tokens": tokens, "median_ms": round(median, 4),
-            "iqr_ms": round(q[2] - q[0], 4), "tflops": round(tflops, 2), "tflops_frac_peak": round(tflops / peak, 4),
-            "hbm_gbs": round(gbs, 1), "hbm_frac_peak": round(gbs / GPU_PEAKS["hbm_gbs"], 4)}
+            "iqr_ms": round(q[2] - q[0], 4), "tflops": round(tflops, 2),
+            "tflops_frac_peak": round(tflops / peak, 4) if peaks else None,
+            "hbm_gbs": round(gbs, 1), "hbm_frac_peak": round(gbs / peaks["hbm_gbs"], 4) if peaks else None}
 
 
 def _error_row(spec: str, geometry: Geometry, err: Exception, **where) -> dict:
@@ -128,7 +149,7 @@ def measure(spec: str, geometry: Geometry, token_counts: list[int], device, warm
             return [_error_row(spec, geometry, err)]
         # bytes a weight streams from HBM: E2M1 half a byte (FP8 x FP4 recipes name both, so FP4 first)
         weight_bytes = 0.5 if "fp4" in d.recipe.name else (1.0 if "fp8" in d.recipe.name else 2.0)
-    rows = []
+    rows, peaks = [], device_peaks(device)[1]
     try:
         for tokens in token_counts:
             x, ids, w = _inputs(layer, tokens, device)
@@ -139,7 +160,7 @@ def measure(spec: str, geometry: Geometry, token_counts: list[int], device, warm
                 rows.append(_error_row(spec, geometry, err, tokens=tokens))
                 print(json.dumps(rows[-1]), flush=True)
                 continue
-            rows.append(row(spec, geometry, tokens, times, weight_bytes))
+            rows.append(row(spec, geometry, tokens, times, weight_bytes, peaks))
             print(json.dumps(rows[-1]), flush=True)
     finally:
         getattr(impl, "close", lambda: None)()
@@ -164,13 +185,14 @@ def main(argv=None) -> int:
             from fixtures.flashinfer.descriptors import DESCRIPTORS
             from fixtures.flashinfer.prerequisites import missing_jit_modules
             specs += [d.impl_name for d in DESCRIPTORS if d.arch == "sm90" and not missing_jit_modules(d)]
-    rows = []
+    rows, (gpu, peaks, why) = [], device_peaks(device)
+    header = {"device": str(device), "gpu": gpu, "peaks": peaks, **({"peaks_missing": why} if why else {})}
     for name in a.geometry.split(","):
         for spec in specs:
             rows += measure(spec, GEOMETRIES[name], [int(t) for t in a.tokens.split(",")], device, a.warmup, a.repeats)
             if a.json:  # after each backend: a process that dies in the next (exit 127 on the H200) keeps these
                 tmp = Path(f"{a.json}.tmp")
-                tmp.write_text(json.dumps({"device": str(device), "peaks": GPU_PEAKS, "rows": rows}, indent=1))
+                tmp.write_text(json.dumps({**header, "rows": rows}, indent=1))
                 tmp.replace(a.json)
     return 0
 

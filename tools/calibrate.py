@@ -28,9 +28,14 @@ from fixtures.implementation import load
 from fixtures.runner import Subject, run_scenario
 from fixtures.selection import ep_skip_reason
 from fixtures.problem import BatchCase, Scenario, make_batch
+from reference.routing import methods_for
 from reference.textbook import textbook_for_recipe
 
-METHODS = ("Renormalize", "DeepSeekV3", "Default", "Sigmoid", "SigmoidRenorm")
+
+def draw_method(rng: random.Random, top_k: int) -> str:
+    """A routing method for a layer of ``top_k``: any the conformance suite draws there (reference.routing's table),
+    so the tolerances are calibrated on every method they are held to."""
+    return rng.choice(methods_for(top_k))
 
 
 def metrics(out: torch.Tensor, ref: torch.Tensor, term_mag: torch.Tensor, tol) -> dict:
@@ -69,8 +74,7 @@ def main(argv=None) -> int:
     if a.models:
         layers += [model_layer(m, impl.capabilities, a.ep, max_experts=a.models)
                    for m in MODELS if not fits(m, impl.capabilities)]
-    tol = impl.capabilities.effective_tolerance
-    bounds = tol.systematic or impl.capabilities.recipe.tolerance.systematic  # a bitwise implementation: the recipe's
+    tol, bounds = impl.capabilities.effective_tolerance, impl.capabilities.calibration_systematic
     device = oracle.oracle_device(subject)
     rng = random.Random(0)
     rows, started = [], time.monotonic()
@@ -80,7 +84,7 @@ def main(argv=None) -> int:
         for layer in layers:
             w13, w2 = oracle.weights(layer, device)  # the textbook runs where the oracles do (a GPU: fp64 GEMMs)
             for n in range(max(1, a.batches // len(layers))):
-                method = "Llama4" if layer.top_k == 1 else rng.choice(METHODS)
+                method = draw_method(rng, layer.top_k)
                 tokens = (rng.randint(1, min(a.tokens, layer.capacity)),) * a.ep
                 scenario = Scenario(layer, (BatchCase(tokens=tokens, seed=rng.randrange(2**31), method=method,
                                                       input_scale=rng.choice([1.0, 4.0])),), a.ep)

@@ -34,6 +34,10 @@ class ClientConfig:
     progress: bool = True
 
 
+class StoreError(ValueError):
+    """An answer store that belongs to another run (another model, prompts or settings)."""
+
+
 class AnswerStore:
     """Append-only JSONL of answers keyed by question index, guarded by a run fingerprint."""
 
@@ -44,7 +48,7 @@ class AnswerStore:
             lines = self.path.read_text().splitlines()
             header = json.loads(lines[0]) if lines else {}
             if header.get("fingerprint") != fingerprint:
-                raise ValueError(f"{self.path} belongs to another run (fingerprint {header.get('fingerprint')}, "
+                raise StoreError(f"{self.path} belongs to another run (fingerprint {header.get('fingerprint')}, "
                                  f"this run {fingerprint}); use another store path")
             for line in lines[1:]:
                 try:
@@ -95,6 +99,20 @@ def _text(config: ClientConfig, body: dict) -> str:
     if not isinstance(text, str):
         raise ValueError(f"completion text is {type(text).__name__}, not str")
     return text
+
+
+def refusal(config: ClientConfig) -> str | None:
+    """What a server answered to one small completion request if it refused it (an HTTP client error: a wrong
+    model name or mode, say), else None. Asked once before the questions: a refusing server would otherwise
+    fail every question after all its retries. Other trouble (timeouts, 5xx) is left to the retries."""
+    path, payload = _payload(config, "Question: 1 + 1 = ?\nAnswer:")
+    try:
+        response = httpx.post(config.base_url + path, json={**payload, "max_tokens": 1}, timeout=config.timeout_s)
+    except httpx.HTTPError:
+        return None
+    if 400 <= response.status_code < 500 and response.status_code not in (408, 429):
+        return f"HTTP {response.status_code}: {' '.join(response.text.split())[:300]}"
+    return None
 
 
 async def _ask(client, config, index, prompt, store, stats, sem, bar):

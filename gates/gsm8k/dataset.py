@@ -1,7 +1,7 @@
-"""GSM8K test/train, from a path or a download, pinned by sha256 (peer-test-practices §8).
+"""GSM8K test/train, from a path or a download, pinned by sha256 (openai/grade-school-math, MIT).
 
 Search order for ``split`` (``test`` or ``train``): an explicit ``path`` (file or folder), the folder in
-``MOE_GSM8K_DIR``, ``../shared/datasets/gsm8k`` beside the repo, the cache folder
+``MOE_GSM8K_DIR``, the cache folder
 (``MOE_GSM8K_CACHE`` or ``~/.cache/moe-conformance/gsm8k``), then a download from
 ``MOE_GSM8K_URL`` (default: the openai/grade-school-math files) into the cache. A file whose sha256
 does not match is refused with both digests. The project never commits the data.
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from fixtures import settings
 
 SHA256 = {
     "test": "3730d312f6e3440559ace48831e51066acaca737f6eabec99bccb9e4b3c39d14",
@@ -22,7 +23,6 @@ SHA256 = {
 }
 LINES = {"test": 1319, "train": 7473}
 DEFAULT_URL = "https://raw.githubusercontent.com/openai/grade-school-math/master/grade_school_math/data"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class DatasetError(RuntimeError):
@@ -49,7 +49,7 @@ def verify(path: Path, split: str) -> Path:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("MOE_GSM8K_CACHE", Path.home() / ".cache" / "moe-conformance" / "gsm8k"))
+    return Path(settings.GSM8K_CACHE.get() or Path.home() / ".cache" / "moe-conformance" / "gsm8k")
 
 
 def candidates(split: str, path=None) -> list[Path]:
@@ -58,14 +58,14 @@ def candidates(split: str, path=None) -> list[Path]:
     if path is not None:
         p = Path(path)
         out.append(p / name if p.is_dir() else p)
-    if os.environ.get("MOE_GSM8K_DIR"):
-        out.append(Path(os.environ["MOE_GSM8K_DIR"]) / name)
-    out += [REPO_ROOT.parent / "shared" / "datasets" / "gsm8k" / name, cache_dir() / name]
+    if settings.GSM8K_DIR.get():
+        out.append(Path(settings.GSM8K_DIR.get()) / name)
+    out.append(cache_dir() / name)
     return out
 
 
 def download(split: str, *, base_url: str | None = None, timeout_s: float = 60.0) -> Path:
-    url = f"{(base_url or os.environ.get('MOE_GSM8K_URL', DEFAULT_URL)).rstrip('/')}/{split}.jsonl"
+    url = f"{(base_url or settings.GSM8K_URL.get() or DEFAULT_URL).rstrip('/')}/{split}.jsonl"
     target = cache_dir() / f"{split}.jsonl"
     target.parent.mkdir(parents=True, exist_ok=True)
     response = httpx.get(url, timeout=timeout_s, follow_redirects=True)

@@ -1,4 +1,5 @@
-"""Answer extraction, exactly as each source tool does it (peer-test-practices §4.6, §5, §6, §8).
+"""Answer extraction, exactly as each source tool does it (vLLM's gsm8k_eval, SGLang's few_shot_gsm8k, lm-eval's gsm8k
+tasks, openai/grade-school-math's dataset.py).
 
 * ``last_integer`` - vLLM's gsm8k_eval and SGLang: remove commas, take the last ``\\d+``; no match is
   INVALID. Signs and decimals are ignored, symmetrically for the label.

@@ -1,4 +1,4 @@
-"""Prompt recipes, each as its source builds it (peer-test-practices §4.6, §5, §6).
+"""Prompt recipes, each as its source builds it (vLLM's gsm8k_eval, SGLang's few_shot_gsm8k, lm-eval's gsm8k tasks).
 
 | recipe            | shots                                      | format                                  | extraction |
 |-------------------|--------------------------------------------|-----------------------------------------|------------|

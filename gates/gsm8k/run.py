@@ -3,7 +3,10 @@ score, and decide. ``python -m ci.gsm8k_gate CONFIG`` is the command-line face o
 
 A config (YAML) names the model, the prompt recipe, the client settings, the gate rule and two
 servers, each given either as ``command`` (started here; ``{port}`` and ``{model}`` are filled in) or as
-``url`` (already running):
+``url`` (already running). The gate waits for a server it starts up to ``startup_timeout_s`` (1800 s: a large
+model loads for minutes), saying so as it waits; a server at a url must answer its health path within
+``health_timeout_s`` (10 s), checked before anything else runs. gates/gsm8k/config.py holds the schema:
+
 
     model: Qwen/Qwen3-30B-A3B
     recipe: vllm                 # vllm | sglang | lm-eval-gsm8k | lm-eval-gsm8k-cot
@@ -15,84 +18,15 @@ servers, each given either as ``command`` (started here; ``{port}`` and ``{model
 """
 from __future__ import annotations
 
-import os
-import shlex
-import signal
-import socket
-import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-import yaml
-
-from gates.gsm8k import client, dataset, gate, prompts
+from gates.gsm8k import client, config, dataset, gate, prompts
+from gates.gsm8k.server import Server, ServerError, ServerSpec
 
 
-@dataclass
-class ServerSpec:
-    name: str
-    command: str | None = None
-    url: str | None = None
-    env: dict = field(default_factory=dict)
-    port: int | None = None
-    health_path: str = "/v1/models"
-    startup_timeout_s: float = 1800.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A server process started from a command, stopped (its whole process group) on exit."""
-
-    def __init__(self, spec: ServerSpec, model: str, log_dir: Path):
-        self.spec, self.proc = spec, None
-        if spec.url:
-            self.url = spec.url.rstrip("/")
-            return
-        port = spec.port or free_port()
-        self.url = f"http://127.0.0.1:{port}"
-        cmd = spec.command.format(port=port, model=model)
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self.log = open(log_dir / f"server-{spec.name}.log", "w")
-        self.proc = subprocess.Popen(shlex.split(cmd), stdout=self.log, stderr=subprocess.STDOUT,
-                                     env={**os.environ, **{k: str(v) for k, v in spec.env.items()}},
-                                     start_new_session=True)
-
-    def wait_healthy(self) -> None:
-        deadline = time.monotonic() + self.spec.startup_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"server {self.spec.name} exited with {self.proc.returncode} before it was healthy")
-            try:
-                if httpx.get(self.url + self.spec.health_path, timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"server {self.spec.name} not healthy at {self.url} within {self.spec.startup_timeout_s}s")
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-        self.log.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
+class Unanswered(RuntimeError):
+    """Questions left without an answer after the client's retries: rerun the same command to resume."""
 
 
 @dataclass
@@ -109,26 +43,43 @@ class GateConfig:
 
     @staticmethod
     def load(path) -> "GateConfig":
-        raw = yaml.safe_load(Path(path).read_text())
+        """From a YAML file checked against config.SCHEMA (a config.ConfigError, one line, if it does not match)."""
+        raw = config.read(path)
         raw["baseline"], raw["candidate"] = ServerSpec(**raw["baseline"]), ServerSpec(**raw["candidate"])
         return GateConfig(**raw)
 
 
-def answer(cfg: GateConfig, spec: ServerSpec, prompt_list: list[str], out_dir: Path):
+def _client_config(cfg: GateConfig, url: str) -> client.ClientConfig:
     recipe = prompts.RECIPES[cfg.recipe]
     settings = {"max_tokens": recipe.max_tokens, "stop": recipe.stop, **cfg.client}
     settings["stop"] = tuple(settings["stop"])
+    return client.ClientConfig(base_url=url, model=cfg.model, **settings)
+
+
+def ready(cfg: GateConfig, spec: ServerSpec, server: Server) -> client.ClientConfig:
+    """Wait until ``server`` is healthy and check that it takes a completion request (a ServerError if not)."""
+    server.wait_healthy()
+    client_cfg = _client_config(cfg, server.url)
+    refused = client.refusal(client_cfg)
+    if refused:
+        raise ServerError(f"server {spec.name} at {server.url} refused a completion request: {refused}")
+    return client_cfg
+
+
+def answer(cfg: GateConfig, spec: ServerSpec, prompt_list: list[str], out_dir: Path):
     with Server(spec, cfg.model, out_dir) as server:
-        server.wait_healthy()
-        client_cfg = client.ClientConfig(base_url=server.url, model=cfg.model, **settings)
+        client_cfg = ready(cfg, spec, server)
         completions, stats = client.run(client_cfg, prompt_list, out_dir / f"answers-{spec.name}.jsonl")
     if stats.failed:
-        raise RuntimeError(f"{spec.name}: {len(stats.failed)} questions without an answer after retries "
-                           f"(first: {stats.failed[:5]}); rerun the same command to resume")
+        raise Unanswered(f"{spec.name}: {len(stats.failed)} questions without an answer after retries "
+                         f"(first: {stats.failed[:5]}); rerun the same command to resume")
     return completions, stats
 
 
 def run_gate(cfg: GateConfig, out_dir: Path) -> gate.Verdict:
+    for spec in (cfg.baseline, cfg.candidate):  # a server at a url is up now or not at all: know in seconds
+        if spec.url:
+            ready(cfg, spec, Server(spec, cfg.model, out_dir))
     test = dataset.load("test", cfg.data)[: cfg.num_questions]
     train = dataset.load("train", cfg.data)
     recipe = prompts.RECIPES[cfg.recipe]

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from fixtures.checks import check_oracle, regrouped_tolerance
+from fixtures.checks import check_oracle
 from fixtures.compare import compare
 from fixtures.geometries import tile_layer, wide_layer
 from fixtures.problem import BatchCase, Scenario
@@ -49,7 +49,7 @@ def test_same_global_problem_at_every_ep_size(subject):
         pytest.skip(f"{subject.impl}: EP1 of the same problem did not run earlier in this pytest process "
                     f"(select --ep 1 too; under pytest-xdist each EP size may run on another worker)")
     base, mag = _AT_EP1[subject.impl]  # the term magnitude is per route, so the same at every EP size
-    verdict = compare(out, base, mag, regrouped_tolerance(caps))
+    verdict = compare(out, base, mag, caps.regrouped_tolerance)
     assert verdict.ok, (f"[ep-invariance] {subject.impl}: EP{subject.ep_size} differs from EP1 on the same global "
                         f"problem: {'; '.join(verdict.violations)}")
 

@@ -16,7 +16,8 @@ from fixtures import results
 from fixtures.checks import CHECKS, ConformanceFailure, check_oracle, check_textbook
 from fixtures.findings import expect_finding
 from fixtures.geometries import MODELS, fits, layer_pool, model_layer, tile_layer, wide_layer
-from fixtures.selection import ENV_MODEL_EP, model_ep_sizes
+from fixtures.selection import model_ep_sizes
+from fixtures.settings import MODEL_EP
 from fixtures.problem import PATTERN_TABLE, PATTERNS, BatchCase, LayerCase, Scenario, pattern_skip
 from fixtures.strategies import batch_cases, masked_pattern, scenarios
 
@@ -33,7 +34,8 @@ def _record(subject, scenario, check, started, run, textbook=()):
         impl=subject.impl, ep=subject.ep_size, recipe=subject.caps.recipe.name, check=check,
         scenario=scenario.to_json(), seconds=round(time.monotonic() - started, 4), metrics=list(run.metrics),
         textbook_rel_l2=list(textbook), rank_seconds=run.rank_seconds, process_seconds=run.seconds,
-        layers_built=run.layers_built, placement=subject.placement or ""))
+        layers_built=run.layers_built, placement=subject.placement or "",
+        tolerance=results.tolerance_fields(subject.caps.effective_tolerance)))
 
 
 @given(data=st.data())
@@ -125,7 +127,7 @@ def _skip_unless_a_model_ep_size(subject) -> None:
     """Model-size layers (model geometries, the accumulation limit) run at the EP sizes MOE_MODEL_EP names."""
     sizes = model_ep_sizes()
     if sizes is not None and subject.ep_size not in sizes:
-        pytest.skip(f"model geometries run at EP {sorted(sizes)} ({ENV_MODEL_EP}; every EP size under the nightly "
+        pytest.skip(f"model geometries run at EP {sorted(sizes)} ({MODEL_EP.name}; every EP size under the nightly "
                     f"profile): their GEMM shapes do not change with the EP size, the subject's own layers test EP"
                     f"{subject.ep_size}")
 

@@ -1,7 +1,7 @@
 """FlashInfer's public MegaMoE surface, pinned on CPU: an upgrade shows up as a readable diff.
 
 The pinned snapshot (fixtures/flashinfer/api-<version>.json) is written by
-``python -m tools.snapshot_flashinfer_api --write``; behaviours the catalogue documents are asserted here
+``python -m tools.snapshot_flashinfer_api --write``; behaviours docs/flashinfer-kernels.md documents are asserted here
 by hand, independently of the snapshot.
 """
 from __future__ import annotations
@@ -71,7 +71,7 @@ def test_pull_config_defaults_match_the_catalogue():
 
     import flashinfer.moe_ep as fi
     defaults = {f.name: f.default for f in dataclasses.fields(fi.Sm90_Fp8_Fp8_Bf16_PullCutedsl_MegaMoeConfig)}
-    # catalogue §3.1 item 4
+    # kernels §3.1 item 4
     assert defaults["kind"] == "fp8_e4m3" and defaults["fp8_scale_mode"] == "per_tensor"
     assert defaults["fp8_accum_mode"] == "1xacc" and defaults["active_dispatch_warps"] == 1
     assert defaults["compact_pull_buffer"] is True and defaults["dedup_dispatch"] is False
@@ -156,7 +156,7 @@ def test_bare_kernel_config_is_refused_by_the_layer_factory():
 @pytest.mark.parametrize("d", [d for d in DESCRIPTORS if not d.variant or d.variant == "blockwise"],
                          ids=lambda d: d.kernel_name)
 def test_layer_constructs_on_cpu_without_preprocessing(d):
-    """catalogue §8: with preprocess_weights=False, 14 of 15 layers construct on CPU (rank-major needs W=8)."""
+    """kernels §8: with preprocess_weights=False, 14 of 15 layers construct on CPU (rank-major needs W=8)."""
     import flashinfer.moe_ep as fi
     if not d.cpu_constructible:
         pytest.skip(f"{d.impl_name} needs a live GPU even to construct its layer (descriptor: {d.source})")

@@ -25,7 +25,7 @@ def _grouped_ops():
 
 @pytest.mark.parametrize("op", _grouped_ops())
 def test_kept_groups_beyond_four(op):
-    """topk_group = 5 of 8 groups: the case the ci profile drew on 2026-12-01 (F10 where declared)."""
+    """topk_group = 5 of 8 groups: a case the ci profile drew on the H200 (F10 where declared)."""
     held_to_finding(op, RoutingCase(op=op.name, **KEPT_GROUPS_BEYOND_FOUR), "F10", "the op keeps all topk_group groups")
 
 
@@ -36,7 +36,7 @@ def _grouped_beyond_eight_ops():
 
 @pytest.mark.parametrize("op", _grouped_beyond_eight_ops())
 def test_groups_beyond_eight(op):
-    """n_group = 32 (2 experts a group): the case the ci profile drew on 2026-12-01 (F11 where declared).
+    """n_group = 32 (2 experts a group): a case the ci profile drew on the H200 (F11 where declared).
     Run in a child process: on the H200 such a call was followed by an illegal memory access, which would
     cost this process its CUDA context and skip every later in-process GPU test."""
     case = RoutingCase(op=op.name, **GROUPS_BEYOND_EIGHT)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from fixtures import arch, findings, results
 from fixtures.flashinfer.routing_check import PATTERNS, RoutingCase, check, held_to_finding, routing_cases
 from fixtures.flashinfer.routing_ops import BY_NAME, OPS, RoutingOp, call, supported_marker
-from reference.routing import BIASED_METHODS
+from reference.routing import BIASED_METHODS, METHOD_TABLE
 
 flashinfer = pytest.importorskip("flashinfer", reason="flashinfer-python is not installed")
 
@@ -45,7 +45,7 @@ def test_matches_reference(op, method, data):
 
 def _ungrouped_top_k(op: RoutingOp, method: str) -> int:
     """K = 4 where the op's ungrouped path takes it (1 for Llama4, fewer where the op says so)."""
-    return 1 if method == "Llama4" else min(4, op.ungrouped_max_top_k or 4)
+    return 1 if METHOD_TABLE[method].top_1 else min(4, op.ungrouped_max_top_k or 4)
 
 
 @pytest.mark.parametrize("op, method", _op_method_params())
@@ -54,7 +54,7 @@ def _ungrouped_top_k(op: RoutingOp, method: str) -> int:
 def test_explicit_case(op, method, pattern, grouped):
     """The inputs the issue names, once each whatever hypothesis draws: 64 experts (8 groups of 8 when
     grouped, 4 kept), K = 4 (1 for Llama4, or where the op's ungrouped path takes fewer)."""
-    if grouped and not (op.grouped and method == "DeepSeekV3"):
+    if grouped and not (op.grouped and METHOD_TABLE[method].grouped):
         pytest.skip(f"{method} takes no expert groups")
     biased = method in BIASED_METHODS
     groups = (8, 4) if grouped else op.ungrouped_groups

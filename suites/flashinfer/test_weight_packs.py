@@ -19,7 +19,7 @@ def _weights():
 
 
 def _decode(d, pack):
-    """What the kernel computes with, from the pack alone (0.7.4 delta §2.2 item 5, §2.3 item 3)."""
+    """What the kernel computes with, from the pack alone (kernels §D2.2 item 5, §D2.3 item 3)."""
     legs = []
     for leg in ("w13", "w2"):
         payload, scales = getattr(pack, leg), getattr(pack, leg + "_scale")

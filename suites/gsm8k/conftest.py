@@ -1,4 +1,4 @@
-"""GSM8K tests use the pinned test/train files from ../shared/datasets/gsm8k (or MOE_GSM8K_DIR)."""
+"""GSM8K tests use the pinned test/train files, found where gates.gsm8k.dataset looks: MOE_GSM8K_DIR or the cache."""
 from __future__ import annotations
 
 import threading
@@ -14,7 +14,8 @@ def gsm8k_dir():
     for path in dataset.candidates("test"):
         if path.is_file():
             return path.parent
-    pytest.skip("GSM8K test.jsonl not found (../shared/datasets/gsm8k, MOE_GSM8K_DIR or the cache); "
+    pytest.skip("GSM8K test.jsonl not found: set MOE_GSM8K_DIR to its folder, or put it in the cache "
+                "(MOE_GSM8K_CACHE, default ~/.cache/moe-conformance/gsm8k); "
                 "the project never commits the data")
 
 

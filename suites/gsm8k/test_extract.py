@@ -59,5 +59,5 @@ def test_is_correct(extractor, text, answer, want):
 
 def test_every_test_answer_has_a_gold_number(test_split):
     numbers = [gold_number(p.answer) for p in test_split]
-    assert sum(n.startswith("-") for n in numbers) == 2  # peer-test-practices §8
+    assert sum(n.startswith("-") for n in numbers) == 2  # test.jsonl's answers -10 and -3
     assert not any("." in n for n in numbers)

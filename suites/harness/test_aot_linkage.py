@@ -1,5 +1,5 @@
 """ci/aot_linkage.py and tools/driver_stub.py on CPU, with modules compiled here. The H200 ended the run at the first
-call of an AOT module built against a libcuda stub that defined nothing (2026-12-01, "symbol lookup error:
+call of an AOT module built against a libcuda stub that defined nothing ("symbol lookup error:
 undefined symbol: cuLibraryLoadData", exit 127); these tests hold the rule that predicts it to the dynamic loader's
 own verdict (dlopen with RTLD_NOW, which resolves every symbol at once instead of at the first call)."""
 from __future__ import annotations

@@ -4,9 +4,11 @@ computing the blockwise FP8 recipe)."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
+from reference import routing
 from tools import calibrate
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
@@ -33,3 +35,19 @@ def test_a_one_percent_scale_is_counted_as_alarms(tmp_path):
 def test_an_implementation_that_cannot_run_here_is_refused_with_its_reason(capsys):
     assert calibrate.main(["--impl", "reference-ep", "--ep", "3"]) == 2
     assert "does not support EP3" in capsys.readouterr().out
+
+
+def _drawn(top_k: int) -> set[str]:
+    rng = random.Random(0)
+    return {calibrate.draw_method(rng, top_k) for _ in range(400)}
+
+
+def test_calibration_draws_every_routing_method_of_the_table():
+    """The tolerances are calibrated on every method the suite holds to them: none left out of the draw."""
+    assert _drawn(1) | _drawn(4) == set(routing.METHOD_TABLE)
+
+
+def test_a_method_added_to_the_table_is_drawn_for_calibration(monkeypatch):
+    monkeypatch.setitem(routing.METHOD_TABLE, "NewMethod", routing.Method("NewMethod", lambda z, b: z,
+                                                                          lambda z, s, ids: s.gather(1, ids)))
+    assert "NewMethod" in _drawn(4)

@@ -1,7 +1,7 @@
 """fixtures.clean_exit: after a CUDA session pytest's own status survives a crashing interpreter teardown.
 
 A child pytest runs with a stand-in for CUDA (torch.cuda.is_available/is_initialized patched true) and an
-atexit handler that kills the interpreter with SIGSEGV, as the H200 teardown did (2026-12-01): with the plugin
+atexit handler that kills the interpreter with SIGSEGV, as an H200 teardown did: with the plugin
 the child exits with pytest's status (0 for a pass, 1 for a failure); with MOE_CLEAN_EXIT=0 the crash shows."""
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ci import compare_runs
+from reference.evidence import RAW_RUN5
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,8 +130,8 @@ def test_one_row_that_doubles_beyond_its_spread_is_a_latency_regression(tmp_path
 
 
 def test_two_clean_h200_latency_runs_are_no_regression():
-    """The fifth run's two tools.bench_latency runs, two minutes apart on one H200: rows moved by up to 1.5x."""
-    raw = ROOT / "docs" / "validation" / "raw" / "2026-12-01-run5"
+    """Two tools.bench_latency runs, two minutes apart on one H200: rows moved by up to 1.5x."""
+    raw = ROOT / RAW_RUN5
     first, second = raw, raw / "nightly-attempt"
     for a, b in ((first, second), (second, first)):
         slower, lines = compare_runs.latency_report(a, b)
@@ -161,7 +162,7 @@ def _junit(folder: Path, outcomes: dict[str, str]) -> None:
 
 
 def test_a_failure_its_test_expected_is_not_a_regression(tmp_path):
-    """H200, 2026-12-01: two real product runs differed in which fault wrappers the GPU fault tests caught, and
+    """Two real H200 product runs differed in which fault wrappers the GPU fault tests caught, and
     every catch (a failure record written inside a passing test) read as a new failure."""
     import json
 
@@ -244,7 +245,7 @@ def test_a_finding_appears_only_against_a_run_that_tested_it(tmp_path):
 
 
 def test_a_narrower_new_run_fixes_nothing_it_did_not_run(tmp_path):
-    """H200, 2026-12-01 (eighth session): a product run cut off by the lease (no JUnit file; its caught fault
+    """A real H200 product run cut off by the lease (no JUnit file; its caught fault
     wrappers' records all count) against a faulty-wrapper run of one backend listed 44 "fixed" failures of
     implementations NEW never ran. A fault wrapper's record is a catch, not a failure; so is one a finding's test
     wrote; another backend's is "not tested in NEW"; and the missing JUnit file is named."""

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 
 def test_gpu_entries_are_evicted_by_bytes_and_released(monkeypatch):
     monkeypatch.setattr(oracle, "_CACHES", {})
-    monkeypatch.setattr(oracle, "ORACLE_CACHE_BYTES", 3000)
+    monkeypatch.setenv("MOE_ORACLE_CACHE_GB", str(3000 / 2**30))  # 3000 bytes
     released = []
     monkeypatch.setattr(oracle, "release", lambda device: released.append(device.type))
     gpu = torch.device("cuda")

@@ -121,7 +121,7 @@ def test_without_a_jit_bound_a_slow_build_counts_as_case_time():
 
 
 def test_closing_a_pool_leaves_no_process_behind():
-    pool = get_pool(PoolKey(2, "gloo", (("MOE_TEST_PRIVATE_POOL", "1"),)))
+    pool = get_pool(PoolKey(2, "gloo", tag="private"))  # a pool of its own, not the shared EP2 one
     pool.run({"id": "warm", "impl": "reference-ep", "scenario": _scenario(2).to_json()})
     pids = [r.pid for r in pool.ranks.values()] + [pool.proc.pid]
     pool.close()
@@ -133,11 +133,12 @@ def test_closing_a_pool_leaves_no_process_behind():
 
 def test_ranks_run_below_the_pytest_process_priority():
     """Idle GPU ranks poll a core each; below the pytest process's priority they leave its checks the CPU."""
-    from fixtures.dist.worker import RANK_NICE
+    from fixtures import settings
 
     subject, scenario = _subject(2), _scenario(2)
     check_oracle(subject, scenario)
     pool = get_pool(subject.pool_key)
     ours = os.getpriority(os.PRIO_PROCESS, 0)
     niceness = {rank: os.getpriority(os.PRIO_PROCESS, r.pid) for rank, r in pool.ranks.items()}
-    assert RANK_NICE > 0 and niceness == {rank: min(19, ours + RANK_NICE) for rank in pool.ranks}, niceness
+    nice = settings.RANK_NICE.get()
+    assert nice > 0 and niceness == {rank: min(19, ours + nice) for rank in pool.ranks}, niceness

@@ -44,11 +44,11 @@ def test_a_pool_started_ahead_that_fails_is_started_again(upcoming, monkeypatch)
     (s1, c1), (s2, c2) = _case(1), _case(2)
     check_oracle(s1, c1)  # EP1's pool is up
     upcoming([s1.pool_key, s2.pool_key])
-    monkeypatch.setattr(pool, "STARTUP_TIMEOUT_S", 0.0)  # EP2's start ahead gives up at once
+    monkeypatch.setenv("MOE_POOL_STARTUP_TIMEOUT", "0.001")  # EP2's start ahead gives up at once
     pool.get_pool(s1.pool_key)
     ahead = pool._POOLS[s2.pool_key]
     assert ahead.starting
-    monkeypatch.setattr(pool, "STARTUP_TIMEOUT_S", 120.0)
+    monkeypatch.delenv("MOE_POOL_STARTUP_TIMEOUT")
     check_oracle(s2, c2)  # the failed start is counted and the pool started again
     assert ahead.alive() and ahead.restarts == 1
 

@@ -1,5 +1,5 @@
 """A pytest process that dies without a summary names the test it died in: ``<results-dir>/running-<worker>.txt``
-(conftest, fixtures.results.mark_running), quoted first by the report. On the H200 (2026-12-01, eighth session) an
+(conftest, fixtures.results.mark_running), quoted first by the report. On an H200 (reference.evidence.RUN7) an
 AOT module's missing driver symbol ended pytest inside test_gpu_behaviour with exit 127 and no line of its own:
 the captured stderr died with the process."""
 from __future__ import annotations

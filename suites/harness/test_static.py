@@ -1,7 +1,8 @@
-"""Every Python file of the project passes pyflakes: no undefined names, unused imports or redefinitions.
+"""Every Python file of the project passes pyflakes (no undefined names, unused imports or redefinitions) and is
+at most 300 lines long.
 
 Much of the suite runs only on a GPU (the SM90 behaviour, fault and routing-op tests), never in the CPU CI: a
-name left undefined by a refactor there reaches the first GPU run instead of CI (H200, 2026-12-01:
+name left undefined by a refactor there reaches the first GPU run instead of CI (on the H200,
 test_routing_ops.py called a helper that had moved to another module, a NameError in two tests)."""
 from __future__ import annotations
 
@@ -38,6 +39,15 @@ def test_pyflakes_finds_nothing():
     for path in _sources():
         api.checkPath(str(path), found)
     assert not found.lines, "pyflakes:\n" + "\n".join(found.lines)
+
+
+MAX_LINES = 300  # small files with one job (evidence/raw holds raw results, not the product's code)
+
+
+def test_no_python_file_is_over_300_lines():
+    long = {str(p.relative_to(ROOT)): n for p in _sources() if p.relative_to(ROOT).parts[:2] != ("evidence", "raw")
+            and (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"over {MAX_LINES} lines (split by job): {long}"
 
 
 def test_the_check_sees_an_undefined_name(tmp_path):

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from ci import repro
 from fixtures import results
-from fixtures.checks import CHECKS, ConformanceFailure, run_checks
+from fixtures.checks import CHECKS, ConformanceFailure, run_checks, suite_python
 from fixtures.implementation import load
 from fixtures.backends.faulty import FAULTS, SCALE_SIZE, resolution_faults
 from reference.recipes import ALL_RECIPES
@@ -124,7 +124,7 @@ def _printed_reproduction_fails_again(fault: str, message: str, caught_by: str) 
     """The failure's printed command, run as printed (on this process's pools), fails the same check."""
     command = next(line for line in message.splitlines() if line.strip().startswith("reproduce: "))
     argv = shlex.split(command.split("reproduce: ", 1)[1])
-    assert argv[:3] == ["python", "-m", "ci.repro"], command
+    assert argv[:3] == [suite_python(), "-m", "ci.repro"], command  # the suite's own interpreter, not PATH's python
     subject, scenario, names, seed = repro.parse(argv[3:])
     assert names == [caught_by], f"{fault}: the reproduction runs {names}, the failure was [{caught_by}]"
     failed = [name for name, ok, _ in repro.verdicts(subject, scenario, names, seed) if not ok]

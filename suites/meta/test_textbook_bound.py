@@ -2,7 +2,7 @@
 
 The per_tensor pull recipe quantizes FC2 inputs with a static scale of 1.0, so they saturate at the
 e4m3 maximum (448) once they grow past it: a kernel that rounds exactly as specified is then far
-from the fp64 textbook (scenario seen on the H200, 2026-11-29). The check must pass that kernel, still
+from the fp64 textbook (a scenario seen on the H200). The check must pass that kernel, still
 fail a wrong one on the same scenario, and keep the plain bound where the recipe does not saturate.
 """
 from __future__ import annotations

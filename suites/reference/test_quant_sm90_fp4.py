@@ -1,4 +1,4 @@
-"""The formats of FlashInfer 0.7.4's SM90 FP8 x FP4 pull kernels (0.7.4 delta §2.2, §2.3), against tables
+"""The formats of FlashInfer 0.7.4's SM90 FP8 x FP4 pull kernels (docs/flashinfer-kernels.md §D2.2, §D2.3), against tables
 worked out by hand: the Humming rewrite of MXFP4 weights, NVFP4 weights with a dequant multiplier G,
 and FP8 scales that multiply by reciprocals."""
 from __future__ import annotations

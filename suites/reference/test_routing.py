@@ -161,7 +161,7 @@ def test_bf16_logits_route_as_their_fp32_values():
         assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
 
 
-# ------------------------------------------------------------------------------ regression seeds (§7)
+# ------------------------------------------------------------------------------ regression seeds (bugs peers reported)
 
 def test_all_negative_logits_route_normally():
     # flashinfer#2822: Renormalize routing wrong when every logit is negative.

@@ -1,0 +1,107 @@
+"""Test outcomes per implementation and EP size, read from a pytest JUnit file (plain or .gz).
+
+    python -m ci.outcomes JUNIT            # the matrix: passed/failed/skipped/xfailed per (implementation, EP)
+    python -m ci.outcomes OLD NEW          # the same for two runs, and every (implementation, EP) whose counts differ
+
+Exit codes: 0 the counts were read (and, with two files, are equal); 1 two runs whose counts differ; 2 a file that
+is missing or not a JUnit file.
+
+A test belongs to the implementation whose name stands in its parameter id (``test_x[NAME-EP2-...]``; the longest
+known name wins, so ``..._pull_cutedsl[blockwise]`` is not taken for its base name); tests of no implementation
+are counted under ``-``. The known names are the registered implementations and FlashInfer routing ops.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import re
+import sys
+import xml.etree.ElementTree as ET
+from collections import Counter, defaultdict
+from pathlib import Path
+
+OUTCOMES = ("passed", "failed", "skipped", "xfailed")
+_EP = re.compile(r"-EP(\d+)(?:\]|-)")
+
+
+def known_names() -> list[str]:
+    """Every name a test id may carry, longest first."""
+    from fixtures.flashinfer.descriptors import ALL_DESCRIPTORS
+    from fixtures.flashinfer.routing_ops import OPS
+    from fixtures.implementation import registered_names
+
+    names = set(registered_names()) | {d.impl_name for d in ALL_DESCRIPTORS} | {op.name for op in OPS}
+    return sorted(names, key=len, reverse=True)
+
+
+def outcome(case: ET.Element) -> str:
+    kinds = {child.tag: child for child in case}
+    if "failure" in kinds or "error" in kinds:
+        return "failed"
+    if "skipped" in kinds:
+        return "xfailed" if kinds["skipped"].get("type") == "pytest.xfail" else "skipped"
+    return "passed"
+
+
+def classify(test_name: str, names: list[str]) -> tuple[str, str]:
+    """(implementation, EP size) of one test name; ``-`` where it names none."""
+    params = test_name.partition("[")[2]
+    impl = next((n for n in names if params.startswith(n) or f"-{n}" in params or f"[{n}" in params), "-")
+    ep = _EP.search("[" + params) if impl != "-" else None
+    return impl, (f"EP{ep.group(1)}" if ep else "-")
+
+
+def read(path: Path) -> ET.Element:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        return ET.parse(f).getroot()
+
+
+def matrix(path: Path, names: list[str] | None = None) -> dict[tuple[str, str], Counter]:
+    names = known_names() if names is None else names
+    out: dict[tuple[str, str], Counter] = defaultdict(Counter)
+    for case in read(path).iter("testcase"):
+        out[classify(case.get("name", ""), names)][outcome(case)] += 1
+    return dict(out)
+
+
+def render(cells: dict[tuple[str, str], Counter]) -> str:
+    lines = [f"{'implementation':48} {'EP':4} " + " ".join(f"{o:>8}" for o in OUTCOMES)]
+    for key in sorted(cells):
+        lines.append(f"{key[0]:48} {key[1]:4} " + " ".join(f"{cells[key][o]:>8}" for o in OUTCOMES))
+    total = sum(cells.values(), Counter())
+    lines.append(f"{'total':48} {'':4} " + " ".join(f"{total[o]:>8}" for o in OUTCOMES))
+    return "\n".join(lines)
+
+
+def differences(old: dict, new: dict) -> list[str]:
+    return [f"{impl} {ep}: " + ", ".join(f"{o} {old.get((impl, ep), Counter())[o]} -> {new.get((impl, ep), Counter())[o]}"
+                                         for o in OUTCOMES)
+            for impl, ep in sorted(set(old) | set(new)) if old.get((impl, ep)) != new.get((impl, ep))]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m ci.outcomes", description=__doc__.split("\n\n")[0],
+                                epilog="exit codes: 0 read (and equal), 1 the two runs' counts differ, "
+                                       "2 a missing or unreadable JUnit file",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("junit", nargs="+", type=Path, help="one JUnit file, or two (OLD NEW) to compare")
+    a = p.parse_args(argv)
+    if len(a.junit) > 2:
+        p.error("give one JUnit file, or two to compare")
+    try:
+        cells = [matrix(path) for path in a.junit]
+    except (OSError, ET.ParseError) as err:
+        print(f"ci.outcomes: cannot read a JUnit file: {err}", file=sys.stderr)
+        return 2
+    for path, cell in zip(a.junit, cells):
+        print(f"== {path}\n{render(cell)}")
+    if len(cells) == 2:
+        diff = differences(*cells)
+        print("\n".join(["== differences", *diff]) if diff else "== the same counts for every implementation and EP size")
+        return 1 if diff else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""The validation logs that tolerances, findings and descriptors cite, one constant each (index: docs/evidence.md).
+
+A log is ``evidence/<day>-<name>.md``, its committed raw records ``evidence/raw/<day>-<run>/``; each day is
+spelled once, below. The code only names these paths: nothing here reads them.
+"""
+from __future__ import annotations
+
+_NOV29 = "evidence/2026-11-29-"  # links into the logs of the first H200 day (FlashInfer 0.7.2.post1)
+_DEC01 = "evidence/2026-12-01-"  # links into the logs of runs 1-7 (FlashInfer 0.7.4 from run 3)
+_DEC02 = "evidence/2026-12-02-"  # links into the log of run 8, the nightly
+
+H200_072 = _NOV29 + "h200-sm90.md"  # 0.7.2.post1's three SM90 kernels, EP1 to EP8; findings F1-F9
+RUN1 = _DEC01 + "h200-pytest-m-sm90.md"  # the README command on a fresh H200; F10
+RUN2 = _DEC01 + "h200-run2-pytest-m-sm90.md"  # few-token bounds; F11, F12 (accum_probe)
+RUN3 = _DEC01 + "h200-run3-flashinfer-0.7.4.md"  # 0.7.4: BF16 pull, F13, F14, first systematic calibration
+RUN4 = _DEC01 + "h200-run4-flashinfer-0.7.4.md"  # push_cuda re-measured, F12 under 0.7.4, idle pools' cores
+RUN5 = _DEC01 + "h200-run5-flashinfer-0.7.4.md"  # green; systematic floors held (0 false alarms)
+RUN6 = _DEC01 + "h200-run6-fp4-and-upgrade.md"  # the FP8 x FP4 pull kernels; the upgrade check
+RUN7 = _DEC01 + "h200-run7-aot-crash-and-cut-short.md"  # AOT modules without libcuda; a run cut by the lease
+RUN8 = _DEC02 + "h200-run8-nightly-green.md"  # the nightly, green: every SM90 backend and finding
+SESSION7 = _DEC01 + "session7-no-device.md"  # no GPU lent: AOT modules built on CPU, the toolkit parts they need
+LOGS = (H200_072, RUN1, RUN2, RUN3, RUN4, RUN5, RUN6, RUN7, RUN8, SESSION7)
+
+
+def _raw(day: str, run: str) -> str:
+    return day.replace("evidence/", "evidence/raw/") + run
+
+
+RAW_RUN3 = _raw(_DEC01, "run3")  # the raw records (cases, failures, JUnit, findings) ci.report's tests read
+RAW_RUN5 = _raw(_DEC01, "run5")  # two latency runs of one lease, two minutes apart
+RAW_RUN8 = _raw(_DEC02, "run8")  # the nightly's folder: report, JUnit, latency table
+RAW = (RAW_RUN3, RAW_RUN5, RAW_RUN8)

@@ -1,0 +1,164 @@
+"""The mistakes people make with the ``python -m ci.*`` commands, run as they would run them: each gets its own exit
+code (ci/cli.py: 2 unusable input, 3 could not complete, 5 nothing tested; never 0 and never a verdict's 1) and
+one line on stderr that says what was wrong, with no traceback. The rows of issue 27's table, and their kin."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from ci import nightly
+from gates.gsm8k.server import Server, ServerError, ServerSpec
+
+pytestmark = [pytest.mark.harness, pytest.mark.cpu]
+ROOT = Path(__file__).resolve().parents[2]
+LAYER = {"capacity": 16, "hidden": 64, "intermediate": 32, "num_experts": 8, "top_k": 2}
+GATE = "model: toy\nrecipe: vllm\n"
+NOBODY = "http://127.0.0.1:9"  # the discard port: nothing listens there
+
+
+def _scenario(**batch) -> str:
+    return json.dumps({"layer": LAYER, "ep_size": 1, "batches": [{"tokens": [4], **batch}]})
+
+
+def _servers(base: str, cand: str = f"{{name: c, url: '{NOBODY}'}}") -> str:
+    return f"{GATE}baseline: {base}\ncandidate: {cand}\n"
+
+
+@pytest.fixture
+def refusing(request):
+    """A server whose health path answers 200 (``status``: its code) and which refuses every completion (HTTP
+    404, as a vLLM asked for a model it does not serve)."""
+    status = getattr(request, "param", 200)
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _send(self, code, body):
+            self.send_response(code)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            self._send(status, b"{}")
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self._send(404, b'{"error": "The model `toy` does not exist."}')
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+# (id, argv, files to write under the test's folder, exit code, what the one line on stderr says, the most seconds
+# it may take); in argv and files, {tmp} is the test's folder and {url} the refusing server
+ROWS = [
+    ("compare-missing-folder", ["ci.compare_runs", "{tmp}/nowhere", "{tmp}"], {}, 2, "incomparable", 60),
+    ("compare-malformed-record", ["ci.compare_runs", "{tmp}/a", "{tmp}/a"], {"a/cases-main.jsonl": '{"impl": \n'},
+     2, "a/cases-main.jsonl line 1 is malformed", 60),
+    ("compare-no-arguments", ["ci.compare_runs"], {}, 2, "required: old, new", 60),
+    ("gate-missing-config", ["ci.gsm8k_gate", "{tmp}/none.yaml"], {}, 2, "cannot read the config", 60),
+    ("gate-malformed-config", ["ci.gsm8k_gate", "{tmp}/g.yaml"], {"g.yaml": "model: [\n"}, 2, "not valid YAML", 60),
+    ("gate-incomplete-config", ["ci.gsm8k_gate", "{tmp}/g.yaml"], {"g.yaml": GATE},
+     2, "'baseline' is a required property; required: model, recipe, baseline, candidate", 60),
+    ("gate-misspelt-key", ["ci.gsm8k_gate", "{tmp}/g.yaml"],
+     {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}'}}") + "client: {concurency: 4}\n"},
+     2, "'concurency' was unexpected); accepted: mode,", 60),
+    ("gate-server-both-command-and-url", ["ci.gsm8k_gate", "{tmp}/g.yaml"],
+     {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}', command: 'vllm serve'}}")},
+     2, "baseline: give exactly one of command", 60),
+    ("gate-unknown-recipe", ["ci.gsm8k_gate", "{tmp}/g.yaml"],
+     {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}'}}").replace("vllm", "vlm")}, 2, "'vlm' is not one of", 60),
+    # the default health_timeout_s: seconds, not startup_timeout_s's 1800
+    ("gate-url-where-nothing-listens", ["ci.gsm8k_gate", "{tmp}/g.yaml", "--out", "{tmp}/out"],
+     {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}'}}")}, 3, "did not answer 200 within 10 s", 40),
+    ("gate-server-refuses-requests", ["ci.gsm8k_gate", "{tmp}/g.yaml", "--out", "{tmp}/out"],
+     {"g.yaml": _servers("{name: b, url: '{url}'}")}, 3, "refused a completion request: HTTP 404", 40),
+    ("repro-malformed-json", ["ci.repro", "--impl", "reference-ep", "--scenario", '{"batches": ['], {},
+     2, "--scenario is not JSON", 120),
+    ("repro-negative-tokens", ["ci.repro", "--impl", "reference-ep", "--scenario", _scenario(tokens=[-5])], {},
+     2, "batches/0/tokens/0: -5 is less than the minimum of 0", 120),
+    ("repro-unknown-implementation", ["ci.repro", "--impl", "nonexistent", "--scenario", _scenario()], {},
+     2, "unknown implementation 'nonexistent'", 120),
+    ("routing-repro-malformed-json", ["ci.repro_routing", "{"], {}, 2, "the case is not JSON", 120),
+    ("backends-unknown-arch", ["ci.backends", "sm91"], {}, 2, "unknown arch sm91; known arches: sm90, sm100", 60),
+    ("api-diff-not-a-snapshot", ["ci.api_diff", "{tmp}/a.json", "{tmp}/a.json"], {"a.json": "{}"},
+     2, "is not an API snapshot", 60),
+    ("upgrade-check-no-such-environment", ["ci.upgrade_check", "0.7.4", "{tmp}/nowhere"], {},
+     2, "not a version, and no such folder; give a FlashInfer version", 60),
+    ("nightly-that-runs-no-test", ["ci.nightly", "--arch", "sm91", "--no-latency", "--out", "{tmp}/night"], {},
+     5, "RED: no test ran (sm91 is no arch the suite knows", 300),
+]
+
+
+@pytest.mark.parametrize("argv, files, code, says, seconds", [pytest.param(*row[1:], id=row[0]) for row in ROWS])
+def test_a_bad_input_gets_its_own_exit_code_and_one_line(argv, files, code, says, seconds, tmp_path, refusing):
+    def fill(text: str) -> str:
+        return text.replace("{tmp}", str(tmp_path)).replace("{url}", refusing)
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(fill(text))
+    argv = [fill(arg) for arg in argv]
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=seconds + 60)
+    took = time.monotonic() - started
+    said = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == code and said and says in said[-1], f"exit {done.returncode}\n{done.stderr[-3000:]}"
+    assert "Traceback" not in done.stdout + done.stderr, done.stderr[-3000:]
+    if argv[0] != "ci.nightly":  # the nightly's progress goes to stdout, set-up's messages to stderr
+        assert len(said) == 1, f"more than one line on stderr:\n{done.stderr[-3000:]}"
+    assert took < seconds, f"took {took:.0f} s"
+
+
+@pytest.mark.parametrize("refusing", [503], indirect=True)
+def test_a_url_whose_health_path_refuses_is_named_in_seconds(refusing, tmp_path):
+    spec = ServerSpec("b", url=refusing, health_timeout_s=1)
+    started = time.monotonic()
+    with pytest.raises(ServerError, match="did not answer 200 within 1 s .*last: HTTP 503"):
+        Server(spec, "toy", tmp_path).wait_healthy()
+    assert time.monotonic() - started < 10
+
+
+def test_waiting_for_a_server_it_started_says_so(tmp_path, capsys):
+    """A server the gate starts may load for minutes: the wait says where it is and how long it may take, and ends
+    with the log's last line."""
+    command = f"{sys.executable} -c \"print('loading weights', flush=True); import time; time.sleep(60)\""
+    spec = ServerSpec("b", command=command, startup_timeout_s=2)
+    with Server(spec, "toy", tmp_path) as server, pytest.raises(ServerError, match="not healthy .* within 2 s"):
+        server.wait_healthy()
+    assert "waiting up to 2 s" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("junit, verdict", [
+    ("", "no test ran"),
+    ('<testcase classname="suites.x" name="a"><skipped type="pytest.skip"/></testcase>', "every one of its 1 tests"),
+    ('<testcase classname="suites.x" name="a"><skipped type="pytest.skip"/></testcase>'
+     '<testcase classname="suites.x" name="b"/>', None),
+])
+def test_a_night_that_tested_nothing_is_red(junit, verdict, tmp_path):
+    (tmp_path / "junit.xml").write_text(f"<testsuites><testsuite>{junit}</testsuite></testsuites>")
+    why = nightly.nothing_tested(tmp_path, "cpu")
+    assert (why is None) if verdict is None else (verdict in why), why
+
+
+@pytest.mark.parametrize("module", ["ci.backends", "ci.compare_runs", "ci.gsm8k_gate", "ci.repro", "ci.repro_routing",
+                                    "ci.api_diff", "ci.upgrade_check", "ci.nightly"])
+def test_every_command_documents_its_exit_codes(module):
+    done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("usage:") and "exit codes:\n  0  " in done.stdout, \
+        done.stdout + done.stderr
+    if module == "ci.backends":  # the names --impl takes beyond the listed ones
+        assert "all " in done.stdout and "pkg.module:factory" in done.stdout, done.stdout

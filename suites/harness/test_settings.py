@@ -1,0 +1,200 @@
+"""The settings module (fixtures.settings) and the start-of-run checks (fixtures.options): every ``MOE_*``
+variable is declared once, an invalid value is one line naming it, and bad options are one usage error."""
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from fixtures import options, settings
+
+pytestmark = [pytest.mark.harness, pytest.mark.cpu]
+ROOT = Path(__file__).resolve().parents[2]
+
+# One value each declared variable refuses; the others take any text (paths, URLs checked by their readers,
+# implementation names checked at configure time: test_an_unknown_impl_is_one_usage_error).
+INVALID = {
+    "MOE_CONFORMANCE_EP": "1,two", "MOE_HYPOTHESIS_PROFILE": "device", "MOE_HYPOTHESIS_EXAMPLES": "0",
+    "MOE_MODEL_EP": "some", "MOE_WORKERS": "-1", "MOE_CASE_TIMEOUT": "abc", "MOE_JIT_TIMEOUT": "0",
+    "MOE_COLLECTIVE_TIMEOUT": "-5", "MOE_POOL_STARTUP_TIMEOUT": "inf", "MOE_MAX_POOLS": "0",
+    "MOE_POOL_PREFETCH": "maybe", "MOE_MAX_LAYERS": "1.5", "MOE_HOST_THREADS": "zero", "MOE_RANK_NICE": "20",
+    "MOE_ORACLE_CACHE_GB": "-1", "MOE_GPU_MAX_HIDDEN": "2k", "MOE_GPU_MAX_INTERMEDIATE": "0",
+    "MOE_F13_TORCH_INTERLEAVE": "2", "MOE_CLEAN_EXIT": "nope", "MOE_GSM8K_URL": "ftp://example.org",
+    "MOE_USE_VENV": "yes", "MOE_POOL_ADDR": "localhost", "MOE_POOL_AUTHKEY": "xyz", "MOE_DIST_BACKEND": "mpi",
+    "MOE_PLACEMENT": "anywhere", "MOE_PIN_WORKER_GPU": "2", "MOE_GPU_LIST": "0,a",
+}
+FREE_TEXT = {"MOE_CONFORMANCE_IMPL", "MOE_RESULTS_DIR", "MOE_GSM8K_DIR", "MOE_GSM8K_CACHE", "MOE_GSM8K_CONFIG",
+             "MOE_VENV", "MOE_JIT_CACHE", "MOE_JIT_AOT", "MOE_OTHER_FLASHINFER"}
+
+
+def test_every_declared_variable_has_an_invalid_value_here_or_takes_any_text():
+    assert set(settings.DECLARED) == set(INVALID) | FREE_TEXT, set(settings.DECLARED) ^ (set(INVALID) | FREE_TEXT)
+    for name in FREE_TEXT:
+        assert settings.DECLARED[name].get({name: "any text"}) == "any text", name
+
+
+@pytest.mark.parametrize("name", sorted(INVALID))
+def test_an_invalid_value_is_one_line_naming_the_variable(name):
+    bad = INVALID[name]
+    with pytest.raises(settings.SettingError) as err:
+        settings.validate({name: bad})
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"{name}={bad!r}: expected "), message
+    assert settings.DECLARED[name].accepts in message and "(default " in message, message
+
+
+@pytest.mark.parametrize("name", sorted(settings.DECLARED))
+def test_unset_or_empty_is_the_default(name):
+    setting = settings.DECLARED[name]
+    assert setting.get({}) == setting.default and setting.get({name: ""}) == setting.default
+    assert setting.shown_default and setting.meaning and setting.accepts
+
+
+def test_the_options_plugin_turns_an_invalid_value_into_a_usage_error(monkeypatch):
+    monkeypatch.setenv("MOE_CASE_TIMEOUT", "abc")
+    with pytest.raises(pytest.UsageError, match=r"^MOE_CASE_TIMEOUT='abc': expected seconds"):
+        options.pytest_load_initial_conftests(SimpleNamespace(known_args_namespace=SimpleNamespace(help=False)), None, [])
+
+
+def test_an_invalid_value_stops_ci_test_sh_with_one_line():
+    """The README's command with a bad value: one line naming the variable, no traceback, not exit 0."""
+    env = {**os.environ, "MOE_CASE_TIMEOUT": "abc"}
+    done = subprocess.run(["bash", "ci/test.sh", "--collect-only", "-q"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.returncode != 0 and "Traceback" not in done.stdout + done.stderr, (done.returncode, lines)
+    assert len(lines) == 1 and "MOE_CASE_TIMEOUT" in lines[0], lines
+
+
+class _Config:
+    """The options fixtures.options.check reads, as pytest's config would give them."""
+
+    def __init__(self, **given):
+        self.given = {"--impl": None, "--ep": None, "--hypothesis-profile": None, "markexpr": "", **given}
+
+    def getoption(self, name, default=None):
+        return self.given.get(name, default)
+
+
+def _usage_error(monkeypatch, **given) -> str:
+    monkeypatch.delenv("MOE_CONFORMANCE_IMPL", raising=False)
+    monkeypatch.delenv("MOE_CONFORMANCE_EP", raising=False)
+    with pytest.raises(pytest.UsageError) as err:
+        options.check(_Config(**given))
+    message = str(err.value)
+    assert "\n" not in message, message
+    return message
+
+
+def test_an_unknown_impl_is_one_usage_error(monkeypatch):
+    message = _usage_error(monkeypatch, **{"--impl": ["nonexistent"]})
+    assert message.startswith("--impl: unknown implementation 'nonexistent'") and "reference-ep" in message, message
+
+
+def test_an_unknown_impl_from_the_environment_names_the_variable(monkeypatch):
+    monkeypatch.setenv("MOE_CONFORMANCE_IMPL", "nonexistent")
+    with pytest.raises(pytest.UsageError, match=r"^MOE_CONFORMANCE_IMPL: unknown implementation 'nonexistent'"):
+        options.check(_Config())
+
+
+def test_an_unknown_hypothesis_profile_lists_the_valid_ones(monkeypatch):
+    message = _usage_error(monkeypatch, **{"--hypothesis-profile": "device"})
+    assert message.startswith("--hypothesis-profile 'device'") and all(n in message for n in settings.PROFILE_NAMES)
+
+
+def test_a_non_integer_ep_names_the_option(monkeypatch):
+    message = _usage_error(monkeypatch, **{"--ep": "1,x"})
+    assert message.startswith("--ep '1,x': expected EP sizes"), message
+
+
+@pytest.mark.parametrize("ep", ["3", "1,3"])
+def test_an_ep_size_no_selected_impl_supports_is_a_usage_error(monkeypatch, ep):
+    message = _usage_error(monkeypatch, **{"--impl": ["reference-ep"], "--ep": ep})
+    assert message.startswith(f"--ep {ep}: no selected implementation supports EP3"), message
+
+
+def test_an_ep_size_some_selected_impls_support_stays_a_skip_for_the_others(monkeypatch):
+    from fixtures.implementation import load
+    from fixtures.selection import ep_skip_reason
+
+    only8 = "sm100_bf16_bf16_bf16_rank_major_cuda"
+    assert load(only8).capabilities.ep_sizes == (8,), "pick another EP8-only backend for this test"
+    monkeypatch.delenv("MOE_CONFORMANCE_IMPL", raising=False)
+    options.check(_Config(**{"--impl": [f"reference-ep,{only8}"], "--ep": "1,8"}))  # no usage error
+    assert "does not support EP1" in ep_skip_reason(only8, load(only8).capabilities, 1)
+    with pytest.raises(pytest.UsageError, match="no selected implementation supports EP1"):
+        options.check(_Config(**{"--impl": [only8], "--ep": "1,8"}))
+
+
+def test_the_docs_table_lists_users_variables_or_all_of_them():
+    users, everything = settings.markdown_table(user_only=True), settings.markdown_table(user_only=False)
+    for s in settings.DECLARED.values():
+        assert f"`{s.name}`" in everything and (f"`{s.name}`" in users) == (s.audience == settings.USER), s.name
+
+
+# ---------------------------------------------------------------- static: one place reads the environment
+ENV_READS = ("get", "pop", "setdefault")
+
+
+def _direct_reads(source: str) -> list[int]:
+    """Lines where ``source`` reads a MOE_* variable from an environ mapping (os.environ, os.getenv, a
+    parameter named environ), by literal name or through a module constant holding one."""
+    tree = ast.parse(source)
+    names = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+             and str(node.value.value).startswith("MOE_") for t in node.targets if isinstance(t, ast.Name)}
+
+    def moe(node) -> bool:
+        return ((isinstance(node, ast.Constant) and str(node.value).startswith("MOE_"))
+                or (isinstance(node, ast.Name) and node.id in names))
+
+    def environ(node) -> bool:
+        return ast.unparse(node).split(".")[-1] == "environ"
+
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and node.args and moe(node.args[0]) and isinstance(node.func, ast.Attribute) and (
+                (node.func.attr in ENV_READS and environ(node.func.value)) or node.func.attr == "getenv"):
+            hits.append(node.lineno)
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and environ(node.value) and moe(node.slice):
+            hits.append(node.lineno)
+        elif isinstance(node, ast.Compare) and moe(node.left) and any(environ(c) for c in node.comparators):
+            hits.append(node.lineno)
+    return hits
+
+
+def _project_files(*suffixes: str) -> list[Path]:
+    """The project's own files (evidence/ aside: its logs and probes are history, not the product)."""
+    folders = ("reference", "fixtures", "suites", "ci", "gates", "tools", "configs", ".github", ".ci")
+    out = [ROOT / "conftest.py", ROOT / "pytest.ini", ROOT / "pyproject.toml"]
+    out += [p for folder in folders for p in (ROOT / folder).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    return sorted(p for p in out if p.suffix in suffixes)
+
+
+def test_only_the_settings_module_reads_moe_variables_from_the_environment():
+    found = [f"{p.relative_to(ROOT)}:{line}" for p in _project_files(".py") if p != ROOT / "fixtures" / "settings.py"
+             for line in _direct_reads(p.read_text())]
+    assert not found, "read these through fixtures.settings: " + ", ".join(found)
+
+
+@pytest.mark.parametrize("source", [
+    'import os\nx = os.environ.get("MOE_X", "1")\n', 'import os\nx = os.environ["MOE_X"]\n',
+    'import os\nx = os.getenv("MOE_X")\n', 'import os\nENV = "MOE_X"\nx = os.environ.get(ENV)\n',
+    'def f(environ):\n    return environ.get("MOE_X")\n', 'import os\nx = "MOE_X" in os.environ\n',
+])
+def test_the_static_check_sees_a_direct_read(source):
+    assert _direct_reads(source) and not _direct_reads('import os\nos.environ["MOE_X"] = "1"\n')
+
+
+def test_every_moe_name_in_code_and_scripts_is_declared():
+    """A new variable in a script or module without a declaration (or a misspelt one) fails here."""
+    files = [p for p in _project_files(".py", ".sh", ".yml", ".yaml", ".toml", ".ini") if p != Path(__file__)]
+    files += [ROOT / ".ci" / "run"]  # CI's entry point, a script without a suffix
+    used = {(m, p.relative_to(ROOT)) for p in files
+            for m in re.findall(r"\bMOE_[A-Z0-9_]+", p.read_text(errors="replace")) if not m.endswith("_")}
+    undeclared = sorted(f"{name} ({path})" for name, path in used if name not in settings.DECLARED)
+    assert not undeclared, "declare in fixtures/settings.py: " + ", ".join(undeclared)
