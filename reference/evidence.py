@@ -18,8 +18,9 @@ RUN5 = _DEC01 + "h200-run5-flashinfer-0.7.4.md"  # green; systematic floors held
 RUN6 = _DEC01 + "h200-run6-fp4-and-upgrade.md"  # the FP8 x FP4 pull kernels; the upgrade check
 RUN7 = _DEC01 + "h200-run7-aot-crash-and-cut-short.md"  # AOT modules without libcuda; a run cut by the lease
 RUN8 = _DEC02 + "h200-run8-nightly-green.md"  # the nightly, green: every SM90 backend and finding
+RUN9 = _DEC02 + "h200-run9-restructure-unchanged.md"  # after the restructuring: run 8's counts and outputs
 SESSION7 = _DEC01 + "session7-no-device.md"  # no GPU lent: AOT modules built on CPU, the toolkit parts they need
-LOGS = (H200_072, RUN1, RUN2, RUN3, RUN4, RUN5, RUN6, RUN7, RUN8, SESSION7)
+LOGS = (H200_072, RUN1, RUN2, RUN3, RUN4, RUN5, RUN6, RUN7, RUN8, RUN9, SESSION7)
 
 
 def _raw(day: str, run: str) -> str:
@@ -29,4 +30,5 @@ def _raw(day: str, run: str) -> str:
 RAW_RUN3 = _raw(_DEC01, "run3")  # the raw records (cases, failures, JUnit, findings) ci.report's tests read
 RAW_RUN5 = _raw(_DEC01, "run5")  # two latency runs of one lease, two minutes apart
 RAW_RUN8 = _raw(_DEC02, "run8")  # the nightly's folder: report, JUnit, latency table
-RAW = (RAW_RUN3, RAW_RUN5, RAW_RUN8)
+RAW_RUN9 = _raw(_DEC02, "run9")  # bash ci/test.sh -m sm90 after the restructuring
+RAW = (RAW_RUN3, RAW_RUN5, RAW_RUN8, RAW_RUN9)
