@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 import platform
+import time
 
 import pytest
 import torch
 from hypothesis import settings
 
-from fixtures import arch, cuda_health, host_threads, results
+from fixtures import arch, cuda_health, host_threads, results, time_spent
 from fixtures.dist.inprocess import launched_by_torchrun
 from fixtures.dist.pool import close_all
 from fixtures.selection import ep_skip_reason, selected_ep_sizes, selected_impls
@@ -125,12 +126,40 @@ def pytest_collection_finish(session):
     pool.set_upcoming(Subject(*subject).pool_key for subject in subjects if subject)
 
 
-def pytest_terminal_summary(terminalreporter):
+_SESSION_STARTED: list[float] = []  # this session's start (epoch), in its own process (not a pytest-xdist worker)
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):
+        _SESSION_STARTED.append(time.time())
+        results.record("session", event="start", session=os.getpid(), startup_s=round(time_spent.process_age(), 3))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test's wall time and its parts (fixtures.time_spent), grouped as its rank pool, for ci.time_budget."""
+    time_spent.take()
+    started = time.monotonic()
+    yield
+    spec, _, ep = _pool_subject(item) or ("", None, 0)
+    time_spent.finish(item.nodeid, spec, ep, time.monotonic() - started)
+
+
+def pytest_terminal_summary(terminalreporter, config):
     lines = results.summary_lines()
     if lines:
         terminalreporter.section("moe-conformance")
         for line in lines:
             terminalreporter.write_line(line)
+    if _SESSION_STARTED and config.getoption("--results-dir"):
+        from ci import time_budget
+
+        results.record("session", event="end", session=os.getpid())
+        budget = time_budget.summary(config.getoption("--results-dir"), _SESSION_STARTED[0], os.getpid())
+        if budget:  # none where no test ran (--collect-only)
+            terminalreporter.section("time budget of this session (python -m ci.time_budget RESULTS_DIR: of every one)")
+            for line in budget:
+                terminalreporter.write_line(line)
 
 
 def pytest_runtest_logstart(nodeid, location):

@@ -20,7 +20,10 @@ Declared rules, per (implementation, EP size) present in both runs:
   past LATENCY_ROW_NOISE times its old median and beyond both runs' interquartile ranges; the torch baseline's
   rows are listed, never a regression;
 * the FlashInfer API snapshot diff (both folders hold ``api.json``, tools.snapshot_flashinfer_api): reported,
-  not a regression by itself (an upgrade changes the API on purpose; its tests judge the changes).
+  not a regression by itself (an upgrade changes the API on purpose; its tests judge the changes);
+* time budget growth (ci.time_budget): an implementation and EP size, or the session, whose tests' wall time grew
+  by more than time_budget.GROWTH (1.5x) and GROWTH_FLOOR_S is a WARNING line, never a regression (exit 0): the same
+  code takes longer on a fresh host, where every kernel compiles, or a busy one.
 Last, a side-by-side table per (implementation, EP size): error quantiles, bitwise-equal outputs of the same
 cases (the records' output digests), median case time; informational.
 Incomparable: either folder holds neither per-case records nor failures, or the two share no
@@ -38,7 +41,7 @@ from xml.etree import ElementTree
 
 from scipy.stats import mannwhitneyu
 
-from ci import cli
+from ci import cli, time_budget
 from fixtures.results import case_records, expected_by_its_test, junit_outcomes, latency_rows, records
 
 FAULT_PREFIX = "faulty:"  # a fault wrapper's name (fixtures/backends/faulty.py), e.g. faulty:scale_1e-2@<backend>
@@ -218,7 +221,7 @@ def compare(old: Path, new: Path) -> tuple[int, list[str]]:
                for impl, key in sorted(found_old - tested_new)]
     slower, lines = latency_report(old, new)
     regressed |= slower
-    report += lines + api_report(old, new) + side_by_side(cases_old, cases_new)
+    report += lines + api_report(old, new) + time_budget.growth(old, new) + side_by_side(cases_old, cases_new)
     return (1 if regressed else 0), report
 
 
@@ -249,7 +252,10 @@ def readable(folder: Path, name: str) -> None:
 def main(argv=None) -> int:
     p = cli.Parser("ci.compare_runs", description=__doc__.splitlines()[0],
                    codes={0: "no regression", 1: "regression",
-                          2: "incomparable: a folder missing or malformed, or nothing to compare"})
+                          2: "incomparable: a folder missing or malformed, or nothing to compare"},
+                   more=f"A time budget that grew (ci.time_budget: an implementation and EP size, or the session, "
+                        f"by over x{time_budget.GROWTH:g} and {time_budget.GROWTH_FLOOR_S:g} s) is a WARNING line, "
+                        "never a regression: the exit code stays 0 (a fresh or busy host takes longer, same code).")
     p.add_argument("old", type=Path)
     p.add_argument("new", type=Path)
     a = p.parse_args(argv)

@@ -1,7 +1,8 @@
 """The nightly GPU job in one command: every backend of this machine's arch at every EP size that fits, under
 the nightly hypothesis profile, into one results folder with a report people read.
 
-    python -m ci.nightly [--out results/nightly-DATE] [--arch sm90] [--examples N] [--no-latency] [-- PYTEST ARGS]
+    python -m ci.nightly [--out results/nightly-DATE] [--arch sm90] [--examples N] [--no-latency] [--baseline DIR]
+                         [-- PYTEST ARGS]
 
 It detects the GPUs (count and arch) and runs each pytest phase through ``bash ci/test.sh``, the README's test
 command (its set-up, ini and defaults; the nightly adds its profile, the progress lines and the results folder):
@@ -14,7 +15,9 @@ command (its set-up, ini and defaults; the nightly adds its profile, the progres
   2. ``python -m tools.bench_latency`` (a GPU only), then ``python -m ci.report``.
 The folder holds the JUnit files, the per-case records, ``env.json`` (versions, GPUs,
 driver, commit, each phase's wall time), ``api.json`` (the FlashInfer API snapshot, for ci.compare_runs),
-``latency.json``, ``report.md``, ``report.html`` and ``plots/``. ``--arch cpu`` runs the CPU tier the same way (the
+``latency.json``, ``report.md``, ``report.html`` and ``plots/``; with ``--baseline`` (a previous night's folder) the
+report opens with ci.compare_runs' verdict against it (the exit code stays the night's own). Where
+``$GITHUB_STEP_SUMMARY`` is set, report.md is appended to it. ``--arch cpu`` runs the CPU tier the same way (the
 job's own test). Exit codes (CODES): a night that tested nothing is red too.
 """
 from __future__ import annotations
@@ -134,6 +137,16 @@ def nothing_tested(out: Path, arch: str) -> str | None:
     return None
 
 
+def write_report(out: Path, baseline: Path | None, environ=None) -> None:
+    """The night's report (against ``baseline``, a previous night's folder, if given), also as the job summary
+    where ``$GITHUB_STEP_SUMMARY`` is set."""
+    from ci import report, report_baseline
+    for path in report.write(out, baseline):
+        print(f"nightly: wrote {path}", flush=True)
+    if report_baseline.job_summary(out / "report.md", environ):
+        print("nightly: appended report.md to the job summary ($GITHUB_STEP_SUMMARY)", flush=True)
+
+
 def main(argv=None) -> int:
     p = cli.Parser("ci.nightly", description=__doc__.splitlines()[0], codes=CODES)
     p.add_argument("--out", type=Path, default=None)
@@ -142,8 +155,12 @@ def main(argv=None) -> int:
     p.add_argument("--examples", type=int, default=None, help="cap the hypothesis examples (MOE_HYPOTHESIS_EXAMPLES)")
     p.add_argument("--no-latency", action="store_true")
     p.add_argument("--phase-timeout", type=float, default=6 * 3600)
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="a previous night's folder: the report opens with ci.compare_runs' verdict against it")
     a, extra = p.parse_known_args(argv)
     extra = [x for x in extra if x != "--"]
+    if a.baseline and not a.baseline.is_dir():  # before hours of tests, not after
+        p.error(f"--baseline {a.baseline} is not a folder: give a previous night's results folder")
     # set-up's messages (which cached modules it installed, which it left out) go to this job's log
     python = subprocess.run(["bash", "ci/setup.sh"], cwd=ROOT, stdout=subprocess.PIPE, text=True,
                             check=True).stdout.strip()
@@ -180,9 +197,7 @@ def main(argv=None) -> int:
                                   log, a.phase_timeout)
         env_info["phases"]["latency"] = {"exit": code, "seconds": seconds, "last_line": last}
     (out / "env.json").write_text(json.dumps(env_info, indent=1))
-    from ci import report
-    for path in report.write(out):
-        print(f"nightly: wrote {path}", flush=True)
+    write_report(out, a.baseline)
     empty = nothing_tested(out, arch) if worst == 0 else None
     if empty:
         print(f"nightly: RED: {empty}", file=sys.stderr, flush=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from reference.exact import rounded_mm
+from reference.megamoe_gemm import block_scaled_mm
 from reference.recipes import Recipe
 
 DEFAULT_CHUNK_ROWS = 4096
@@ -117,10 +118,23 @@ def _clamp(gate, up, recipe: Recipe):
     return gate, up
 
 
+def _quantize(q, x, recipe: Recipe):
+    """One activation rounding step: the values it delivers, or (codes, block scales) for a recipe whose GEMMs
+    scale block partial sums."""
+    return q.scaled_blocks(x) if recipe.scaled_block_sums else q.round_trip(x)
+
+
+def _mm(a, w, magnitude: bool = False):
+    """``a @ w^T`` correctly rounded; ``a`` = (codes, block scales): reference.megamoe_gemm.block_scaled_mm."""
+    if isinstance(a, tuple):
+        return block_scaled_mm(*a, w, with_magnitude=magnitude)
+    return rounded_mm(a, w, with_magnitude=magnitude)
+
+
 def _expert_rows(a, w, expert_w13, expert_w2, recipe: Recipe, magnitude: bool = False):
     """FC1 -> clamp -> SwiGLU -> FC2 for the rows ``a`` [n, H] routed to one expert; returns terms [n, H]
     (and, with ``magnitude``, the absolute FC2 product magnitude |s| @ |W2|^T, scaled like the term)."""
-    h = rounded_mm(a, expert_w13)
+    h = _mm(a, expert_w13)
     if recipe.fc1_out_bf16:
         h = h.to(torch.bfloat16).float()
     inter = h.shape[1] // 2
@@ -130,8 +144,8 @@ def _expert_rows(a, w, expert_w13, expert_w2, recipe: Recipe, magnitude: bool = 
         s = s * w[:, None]
     if recipe.act_out_bf16:
         s = s.to(torch.bfloat16).float()
-    s = recipe.fc2_in.round_trip(s)
-    y, mag = rounded_mm(s, expert_w2, with_magnitude=True) if magnitude else (rounded_mm(s, expert_w2), None)
+    s = _quantize(recipe.fc2_in, s, recipe)
+    y, mag = _mm(s, expert_w2, magnitude=True) if magnitude else (_mm(s, expert_w2), None)
     if recipe.fc2_out_bf16:
         y = y.to(torch.bfloat16).float()
     if recipe.placement == "combine":
@@ -184,7 +198,7 @@ def moe_terms(
     counts = torch.bincount(local[rows], minlength=weights.num_experts).tolist()
     # Activation quantization is per token: done once, before the routes fan out (except when the
     # routing weight scales the input, Llama4-style, where each route quantizes its own scaled copy).
-    x_act = None if recipe.placement == "input" else recipe.act.round_trip(x)
+    x_act = None if recipe.placement == "input" else _quantize(recipe.act, x, recipe)
     start = 0
     for expert, count in enumerate(counts):
         for lo in range(start, start + count, chunk_rows):
@@ -192,9 +206,9 @@ def moe_terms(
             token = torch.div(chunk, top_k, rounding_mode="floor")
             w = flat_w[chunk]
             if x_act is None:
-                a = recipe.act.round_trip(x[token] * w[:, None])
+                a = _quantize(recipe.act, x[token] * w[:, None], recipe)
             else:
-                a = x_act[token]
+                a = tuple(t[token] for t in x_act) if isinstance(x_act, tuple) else x_act[token]
             rows_out = _expert_rows(a, w, weights.w13[expert], weights.w2[expert], recipe, with_magnitude)
             if with_magnitude:
                 terms[chunk], mags[chunk] = rows_out

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from reference import mx, quant
+from reference import megamoe_weights, mx, quant
 
-QUANT_KINDS = ("none", "bf16", "fp8", "nvfp4", "nvfp4_e4m3", "mx")
+QUANT_KINDS = ("none", "bf16", "fp8", "nvfp4", "nvfp4_e4m3", "mx", "nvfp4_megamoe", "mxfp4_megamoe")
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,9 @@ class Quant:
     * ``nvfp4_e4m3`` - NVFP4 with a global scale per matrix, each q*s re-rounded to E4M3 as q*s/8
       (quant.nvfp4_e4m3_operand_round_trip: FlashInfer 0.7.4's SM90 FP8 x NVFP4 weight operand);
     * ``mx``    - ``fmt`` mxfp8_e4m3/mxfp8_e5m2/mxfp4, 32-element blocks, E8M0 ``exponent`` ceil/floor;
-      ``humming_max_range`` (MXFP4): mx.humming_rewrite per matrix (FlashInfer 0.7.4's SM90 W4A8 weights).
+      ``humming_max_range`` (MXFP4): mx.humming_rewrite per matrix (FlashInfer 0.7.4's SM90 W4A8 weights);
+    * ``nvfp4_megamoe`` / ``mxfp4_megamoe`` - weights as ``flashinfer.megamoe`` decodes them: each E2M1 code times
+      its block scale made one E4M3 value, a power-of-two multiplier per matrix (reference.megamoe_weights).
     """
 
     kind: str = "none"
@@ -61,7 +63,21 @@ class Quant:
             return quant.nvfp4_e4m3_operand_round_trip(x)
         if self.kind == "nvfp4":
             return quant.nvfp4_round_trip(x, global_scale=self.global_scale)
+        if self.kind == "nvfp4_megamoe":
+            return megamoe_weights.nvfp4_round_trip(x)
+        if self.kind == "mxfp4_megamoe":
+            return megamoe_weights.mxfp4_round_trip(x)
         return mx.mx_round_trip(x, fmt=self.fmt, exponent=self.exponent, humming_max_range=self.humming_max_range)
+
+    def scaled_blocks(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(E4M3/E5M2 code values in fp32, scales [..., K/G]) of an fp8 step with (1, G) blocks, x ~= codes * scale:
+        the two operands of a GEMM that scales each block's partial sum (Recipe.scaled_block_sums)."""
+        blocked = self.kind == "fp8" and self.static_scale is None and not self.per_token and bool(self.block)
+        if not blocked or self.block[0] != 1:
+            raise ValueError(f"scaled blocks need an fp8 step with (1, G) blocks, got {self}")
+        q, scales = quant.fp8_quantize(x, fmt=self.fmt, block=self.block, scale=self.scale,
+                                       scale_recip=self.scale_recip, apply_recip=self.apply_recip)
+        return q.float(), scales
 
 
 NONE = Quant("none")

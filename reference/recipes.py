@@ -54,6 +54,12 @@ class Recipe:
     experts of it) instead of one per route: that rank's y of the token summed in fp32 in slot order,
     then ``combine_wire``; out_t sums those in rank order (fp32). The grouping depends on the EP size,
     so :func:`reference.moe.combine_terms` then needs each slot's owner rank.
+
+    ``scaled_block_sums``: both GEMMs take their input as fp8 codes and one scale per (1, G) block (``act`` and
+    ``fc2_in``, which must be such steps) and fold each block's fp32 partial sum into the accumulator with its
+    scale, one fused multiply-add a block (reference.megamoe_gemm; ``flashinfer.megamoe``, docs/megamoe-sm90.md
+    §2.2), instead of one correctly rounded product of the dequantized values: a scale that is not a power of
+    two then rounds once per block, not once per element.
     """
 
     name: str
@@ -72,6 +78,7 @@ class Recipe:
     combine_wire: Quant = NONE
     accum: str = "fp32"
     combine_groups: str = "route"
+    scaled_block_sums: bool = False
     tolerance: Tolerance = BITWISE
     # For an EP-dependent recipe: how far an implementation's output may move when the same problem is grouped
     # over other EP ranks (EP-size invariance, relabeled experts at EP > 1). None: ``tolerance``.
@@ -91,6 +98,9 @@ class Recipe:
             raise ValueError("combine_groups 'owner_rank' sums its groups in fp32: accum must be 'fp32'")
         if self.clamp_limit is not None and not self.clamp_supported:
             raise ValueError(f"recipe {self.name} has no clamp, got clamp_limit={self.clamp_limit}")
+        if self.scaled_block_sums and not all(q.kind == "fp8" and q.block and q.block[0] == 1 and not q.per_token
+                                              and q.static_scale is None for q in (self.act, self.fc2_in)):
+            raise ValueError("scaled_block_sums needs act and fc2_in to be fp8 steps with (1, G) blocks")
         if self.clamp_limit is not None and not (self.clamp_limit >= 0):
             raise ValueError(f"clamp_limit must be >= 0, got {self.clamp_limit}")
 

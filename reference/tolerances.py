@@ -116,3 +116,10 @@ SM100_DEEPGEMM = Tolerance(
     rel_l2=0.02, cosine=0.999, row_rel_l2=0.08, row_floor=0.04, band_c=16.0, band_atol=0.15, textbook_rel_l2=0.6,
     reason="unverified on hardware (no SM100 here): FlashInfer's DeepGEMM oracle, atol 0.15, rel_l2 0.02",
     systematic=PROVISIONAL_SYSTEMATIC)
+
+# flashinfer.megamoe (docs/megamoe-sm90.md): not yet run on hardware. Its E4M3 x E2M1 numerics (E4M3 activations
+# and FC2 inputs, FP4 weights decoded to E4M3) are closest to the FP8 x FP4 pull kernels': their bounds to start.
+MEGAMOE_FP4 = dataclasses.replace(
+    FP4_PULL, systematic=PROVISIONAL_SYSTEMATIC,
+    reason="provisional, unverified on hardware (flashinfer.megamoe not yet run): the FP8 x FP4 pull kernels' "
+           "bounds, the nearest numerics the suite has measured")

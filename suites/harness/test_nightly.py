@@ -4,13 +4,15 @@ And its pieces: the phase commands for 1, 2 and 8 GPUs, a worker pinned to its G
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from ci import nightly
+from ci import nightly, time_budget
 from fixtures import options, progress
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
@@ -23,12 +25,19 @@ def test_a_cpu_nightly_writes_the_whole_folder(tmp_path):
     out = tmp_path / "night"
     done = subprocess.run([sys.executable, "-m", "ci.nightly", "--arch", "cpu", "--examples", "2", "--out", str(out),
                            "--", "-k", "test_matches_reference", "--impl", "reference-ep"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+                          cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"})  # not the CI job's
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[progress] reference-ep EP1" in done.stdout and "[progress] reference-ep EP8" in done.stdout, done.stdout
     for name in ("junit.xml", "env.json", "report.md", "report.html", "plots/rel_l2.png"):
         assert (out / name).exists(), f"{name} missing: {sorted(p.name for p in out.rglob('*'))}"
     assert list(out.glob("cases-*.jsonl")), "no per-case records"
+    # the time budget (ci.time_budget) at the end of the run, from real pools, builds, cases and checks: it adds up
+    budget, log = time_budget.budget(out), (out / "nightly.log").read_text()
+    assert "time budget of this session" in log and re.search(r"^reference-ep +8 ", log, re.M), log[-3000:]
+    assert budget.startup > 0
+    assert all(sum(row[p] for p in time_budget.PARTS) == pytest.approx(row["total"]) for row in budget.rows.values())
+    assert all(budget.rows[("reference-ep", ep)][p] > 0 for ep in (1, 8) for p in ("pool start", "cases", "checks"))
     env = json.loads((out / "env.json").read_text())
     assert env["arch"] == "cpu" and set(env["phases"]) == {"all"} and env["commit"]
     assert " passed" in env["phases"]["all"]["last_line"], env["phases"]  # pytest's summary line, kept for the report

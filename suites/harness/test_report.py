@@ -113,14 +113,6 @@ def test_the_rows_of_finished_backends_survive_a_later_one_dying(tmp_path, monke
     assert [(r["impl"], r["tokens"]) for r in rows] == [("torch", 8)], rows
 
 
-def test_the_cpu_workflow_runs_the_readme_test_command():
-    workflow = (ROOT / ".github" / "workflows" / "cpu.yml").read_text()
-    readme = (ROOT / "README.md").read_text()
-    assert "run: bash ci/test.sh\n" in workflow and "bash ci/test.sh             # the project's own tests" in readme
-    nightly = (ROOT / ".github" / "workflows" / "nightly-gpu.yml").read_text()
-    assert "schedule:" in nightly and "python -m ci.nightly" in nightly and "upload-artifact" in nightly
-
-
 def test_a_refused_row_first_keeps_every_latency_column(tmp_path):
     """A kernel that refuses a geometry gives an error row, which may come first: the table still has the timing
     columns of the rows after it, and the error in its own column."""

@@ -1,6 +1,6 @@
-"""ci.report draws each backend's errors against the tolerance its checks held it to: the one its per-case records
-carry, or for older records the backend's effective tolerance (fixtures.implementation), never the recipe's alone
-when the backend overrides it."""
+"""ci.report (ci.report_bounds) draws each backend's errors against the tolerance its checks held it to: the one its
+per-case records carry, or for older records the backend's effective tolerance (fixtures.implementation), never the
+recipe's alone when the backend overrides it."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from ci import report
+from ci import report_bounds
 from fixtures.implementation import load
 from fixtures.results import CaseRecord, case_records, tolerance_fields
 from reference.recipes import BF16_WEIGHTS, SM90_PULL_FP8_BLOCKWISE
@@ -29,7 +29,7 @@ def test_a_recorded_tolerance_is_the_one_drawn(tmp_path):
     held = tolerance_fields(SM90_PULL_FP8_BLOCKWISE.tolerance)
     _write(tmp_path, _case("my-kernel", BF16_WEIGHTS.name, tolerance=held))
     assert next(case_records(tmp_path)).tolerance == json.loads(json.dumps(held))  # survives the JSON line
-    assert report.tolerances_of(tmp_path)["my-kernel"]["rel_l2"] == SM90_PULL_FP8_BLOCKWISE.tolerance.rel_l2
+    assert report_bounds.tolerances_of(tmp_path)["my-kernel"]["rel_l2"] == SM90_PULL_FP8_BLOCKWISE.tolerance.rel_l2
 
 
 def test_an_older_record_follows_the_backends_override_not_its_recipe(tmp_path):
@@ -37,7 +37,7 @@ def test_an_older_record_follows_the_backends_override_not_its_recipe(tmp_path):
     is held to bitwise equality (no bound to draw) although its recipe has fp32 round-off bounds."""
     _write(tmp_path, _case("faulty:scale_1e-2", BF16_WEIGHTS.name), _case("reference-ep", BF16_WEIGHTS.name),
            _case("pkg.not_here:factory", BF16_WEIGHTS.name))
-    tol = report.tolerances_of(tmp_path)
+    tol = report_bounds.tolerances_of(tmp_path)
     assert tol["faulty:scale_1e-2"] == tolerance_fields(load("faulty:scale_1e-2").capabilities.effective_tolerance)
     assert tol["faulty:scale_1e-2"]["rel_l2"] == SM90_PULL_FP8_BLOCKWISE.tolerance.rel_l2 != BF16_WEIGHTS.tolerance.rel_l2
     assert tol["reference-ep"]["bitwise"] and not BF16_WEIGHTS.tolerance.bitwise

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from ci import repro
 from fixtures import results
 from fixtures.checks import CHECKS, ConformanceFailure, run_checks, suite_python
+from fixtures.history import HistoryDependence
 from fixtures.implementation import load
 from fixtures.backends.faulty import FAULTS, SCALE_SIZE, resolution_faults
 from reference.recipes import ALL_RECIPES
@@ -28,9 +29,12 @@ MAX_EXAMPLES = 60
 
 
 def _find_failure(exc: BaseException) -> ConformanceFailure | None:
-    """The ConformanceFailure inside whatever hypothesis raised (it may wrap it in a group)."""
+    """The ConformanceFailure inside whatever hypothesis raised (it may wrap it in a group; a history failure
+    passes it as fixtures.history.HistoryDependence)."""
     if isinstance(exc, ConformanceFailure):
         return exc
+    if isinstance(exc, HistoryDependence):
+        return exc.failure
     for inner in getattr(exc, "exceptions", ()):
         found = _find_failure(inner)
         if found:
@@ -65,7 +69,8 @@ def _search(fault: str, names=None, inner: str = "") -> tuple[ConformanceFailure
 
 # Each check alone, against a fault it is there to catch: its own printed reproduction must fail again.
 CHECK_FAULTS = {"textbook": "gate_up_swapped", "repeat-determinism": "accumulate_twice", "systematic": "scale_1e-3",
-                "permutation": "last_token_unwritten", "relabel": "experts_off_by_one"}
+                "permutation": "last_token_unwritten", "relabel": "experts_off_by_one",
+                "history": "accumulate_into_output"}
 
 
 def test_every_registered_check_has_a_fault_it_catches_alone():

@@ -1,0 +1,105 @@
+"""ci.report puts each error figure next to the bound its check held it to, widened for an output of few tokens
+(Tolerance.global_bounds); its plots draw that widening, so a point beyond the plain bound on a green run is seen
+within the bound for its size; exact zeros are labelled; a panel per EP size. On the real H200 nightly
+(reference.evidence.RAW_RUN8) push_cuda's 2-token output had rel-L2 0.0466 against a plain bound of 0.03, and the
+old plot drew it beyond the red line with no word on why it passed."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from ci import report_bounds, report_plots
+from fixtures.results import CaseRecord, case_records, tolerance_fields
+from reference.evidence import RAW_RUN8
+from reference.tolerances import PUSH_FP8
+
+pytestmark = [pytest.mark.harness, pytest.mark.cpu]
+NIGHT = Path(__file__).resolve().parents[2] / RAW_RUN8 / "night"
+PUSH = "sm90_fp8_fp8_bf16_push_cuda"
+BF16_PULL = "sm90_bf16_bf16_bf16_pull_cutedsl"
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    report_plots._pyplot().close("all")
+
+
+@pytest.fixture(scope="module")
+def night():
+    cases = list(case_records(NIGHT))
+    tolerances = report_bounds.tolerances_from(cases)
+    return report_bounds.points(cases, tolerances), tolerances
+
+
+def test_each_figure_stands_next_to_the_bound_for_its_output_size(night):
+    points, _ = night
+    table = report_bounds.table(points)
+    row = next(line for line in table if line.startswith(f"| {PUSH} | 1 |"))
+    widened = PUSH_FP8.global_bounds(2)[0]
+    assert f"| 0.0466 ≤ {widened:.3g} (2 tok) |" in row and widened > 0.0466 > PUSH_FP8.rel_l2, row
+    assert f"≤ {PUSH_FP8.row_rel_l2:.3g} |" in row and f"≤ {PUSH_FP8.band_c:.3g} |" in row
+
+
+def _case(rel_l2: float, tokens: int) -> CaseRecord:
+    scenario = json.dumps({"batches": [{"tokens": [tokens]}]})
+    return CaseRecord(impl="k", ep=1, recipe="r", check="oracle+textbook", scenario=scenario, seconds=1.0,
+                      metrics=[{"batch": 0, "rank": 0, "rel_l2": rel_l2}], tolerance=tolerance_fields(PUSH_FP8))
+
+
+def test_a_figure_beyond_its_bound_says_so(tmp_path):
+    (tmp_path / "cases-main.jsonl").write_text(json.dumps(dataclasses.asdict(_case(0.05, 64))) + "\n")
+    [point] = report_bounds.points(list(case_records(tmp_path)))
+    assert report_bounds.figure(point) == f"**0.05 > {PUSH_FP8.global_bounds(64)[0]:.3g} (64 tok)**"
+
+
+def _axes(fig, title: str):
+    return next(ax for ax in fig.axes if ax.get_title() == title)
+
+
+def test_the_widened_bound_is_drawn_and_explains_every_point_beyond_the_plain_one(night):
+    points, tolerances = night
+    fig = report_plots.rel_l2_figure(points, tolerances)
+    ax = _axes(fig, f"{PUSH}, EP1")
+    [curve] = [line for line in ax.get_lines() if line.get_linestyle() == "-" and line.get_color() == "red"]
+    sizes, bounds = (list(v) for v in curve.get_data())
+    assert bounds[sizes.index(2)] == pytest.approx(PUSH_FP8.global_bounds(2)[0])
+    assert [line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == ":"] == [PUSH_FP8.rel_l2]
+    beyond = 0
+    for ax in fig.axes:
+        curves = [line for line in ax.get_lines() if line.get_linestyle() == "-"]
+        plain = [line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == ":"]
+        for x, y in (xy for coll in ax.collections for xy in coll.get_offsets()):
+            if plain and y > plain[0]:
+                sizes, bounds = (list(v) for v in curves[0].get_data())
+                assert y <= bounds[sizes.index(int(x))], (ax.get_title(), x, y)
+                beyond += 1
+    assert beyond == 4  # push_cuda at 2 tokens, the FP4 kernels at 1, per_tensor EP4 at 18: all within their size's
+
+
+def _labels(fig) -> list[str]:
+    return [t.get_text() for ax in fig.axes for t in ax.texts] + [t.get_text() for t in fig.legends[0].get_texts()]
+
+
+def test_exact_zeros_are_labelled(night):
+    points, tolerances = night
+    zeros = sum(p.value == 0 for p in points if p.impl == BF16_PULL and p.ep == 2 and p.stat == "rel_l2")
+    assert zeros == 4
+    fig = report_plots.rel_l2_figure(points, tolerances)
+    assert [t.get_text() for t in _axes(fig, f"{BF16_PULL}, EP2").texts] == ["4 exact 0"]
+    assert any(label.startswith("exact zero") for label in _labels(fig))
+    strip = report_plots.strip_figure("row_rel_max", points, tolerances)
+    assert "4 exact 0" in _labels(strip) and any(label.startswith("exact zero, drawn at") for label in _labels(strip))
+
+
+def test_the_plots_have_a_panel_per_ep_size(night):
+    points, tolerances = night
+    titles = {ax.get_title() for ax in report_plots.rel_l2_figure(points, tolerances).axes}
+    assert {f"{BF16_PULL}, EP{ep}" for ep in (1, 2, 4, 8)} <= titles
+    assert _axes(report_plots.rel_l2_figure(points, tolerances), f"{PUSH}, EP2").texts[0].get_text() == "no cases"
+    for stat in report_plots.STRIPS:
+        assert [ax.get_title() for ax in report_plots.strip_figure(stat, points, tolerances).axes] == \
+            ["EP1", "EP2", "EP4", "EP8"]
