@@ -157,7 +157,7 @@ def pytest_terminal_summary(terminalreporter, config):
         results.record("session", event="end", session=os.getpid())
         budget = time_budget.summary(config.getoption("--results-dir"), _SESSION_STARTED[0], os.getpid())
         if budget:  # none where no test ran (--collect-only)
-            terminalreporter.section("time budget of this session (python -m ci.time_budget RESULTS_DIR: of every one)")
+            terminalreporter.section("time budget of this session (python -m ci.time_budget DIR: of every one)")
             for line in budget:
                 terminalreporter.write_line(line)
 

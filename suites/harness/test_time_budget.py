@@ -130,8 +130,9 @@ def test_compare_runs_warns_of_a_grown_budget_and_stays_green(tmp_path, capsys):
     assert "is a WARNING line, never a regression" in help_text
 
 
-def test_two_clean_h200_runs_warn_of_nothing():
-    assert time_budget.growth(ROOT / RAW_RUN8 / "night", ROOT / RAW_RUN9) == []
+def test_two_clean_h200_runs_warn_of_nothing_in_either_order():
+    run8, run9 = ROOT / RAW_RUN8 / "night", ROOT / RAW_RUN9
+    assert time_budget.growth(run8, run9) == [] and time_budget.growth(run9, run8) == []
 
 
 @pytest.mark.parametrize("files, code, says", [
@@ -156,3 +157,10 @@ def test_markdown_table_for_the_report():
     table = time_budget.markdown_table(ROOT / RAW_RUN9).splitlines()
     assert table[0].startswith("| implementation | EP | tests | pool start |") and table[-1].startswith("session: ")
     assert any(line.startswith("| all tests |") for line in table)
+
+
+def test_a_record_of_another_suite_version_is_not_compared_and_says_so(tmp_path):
+    old = _folder(tmp_path, "old", 20.0)
+    _write(tmp_path / "odd", "tests", [{"time": 5.0, "impl": "x"}])
+    assert time_budget.growth(old, tmp_path / "odd") == [
+        "time budget not compared: a per-test or session record lacks a field ('ep')"]
