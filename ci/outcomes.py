@@ -13,12 +13,13 @@ are counted under ``-``. The known names are the registered implementations and 
 from __future__ import annotations
 
 import argparse
-import gzip
 import re
 import sys
 import xml.etree.ElementTree as ET
 from collections import Counter, defaultdict
 from pathlib import Path
+
+from fixtures import results
 
 OUTCOMES = ("passed", "failed", "skipped", "xfailed")
 _EP = re.compile(r"-EP(\d+)(?:\]|-)")
@@ -34,13 +35,7 @@ def known_names() -> list[str]:
     return sorted(names, key=len, reverse=True)
 
 
-def outcome(case: ET.Element) -> str:
-    kinds = {child.tag: child for child in case}
-    if "failure" in kinds or "error" in kinds:
-        return "failed"
-    if "skipped" in kinds:
-        return "xfailed" if kinds["skipped"].get("type") == "pytest.xfail" else "skipped"
-    return "passed"
+outcome = results.junit_case_outcome
 
 
 def classify(test_name: str, names: list[str]) -> tuple[str, str]:
@@ -52,9 +47,7 @@ def classify(test_name: str, names: list[str]) -> tuple[str, str]:
 
 
 def read(path: Path) -> ET.Element:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        return ET.parse(f).getroot()
+    return ET.fromstring(results.text(path))
 
 
 def matrix(path: Path, names: list[str] | None = None) -> dict[tuple[str, str], Counter]:

@@ -14,7 +14,6 @@ Actions step) report.md is appended to it.
 """
 from __future__ import annotations
 
-import gzip
 import json
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from xml.etree import ElementTree
 from ci import cli, report_baseline, report_bounds, report_failures, report_outcomes, report_plots
 from ci.report_html import to_html
 from fixtures.results import case_records, junit_outcomes, latency_rows, left_running, records
+from fixtures.results import text as results_text
 from tools import bench_cases
 
 CODES = {0: "the report was written (with --baseline: and ci.compare_runs found no regression)",
@@ -146,7 +146,7 @@ def readable(folder: Path) -> None:
                              "a results folder (pytest's --results-dir, or ci.nightly's --out)")
     for path in files:
         try:
-            text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+            text = results_text(path)
             if path.name.removesuffix(".gz").endswith(".xml"):
                 ElementTree.fromstring(text)
             elif path.name.removesuffix(".gz").endswith(".jsonl"):

@@ -22,7 +22,6 @@ start counts as case time and the tests that write no per-case record (all but t
 """
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 from ci import cli
+from fixtures import results
 from fixtures.results import records
 from fixtures.time_spent import fitted, shape_of
 
@@ -161,12 +161,10 @@ def from_test_records(folder: Path, since: float = 0.0, session=None) -> Budget 
 def _junit(folder: Path) -> tuple[list[tuple[str, float]], float]:
     """(node id, seconds) of every test case of the folder's JUnit files (plain or .gz), and their suites' time."""
     cases, wall = [], 0.0
-    for path in sorted([*folder.rglob("junit*.xml"), *folder.rglob("junit*.xml.gz")]):
-        text = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-        root = ElementTree.fromstring(text)
+    for path in results.files(folder, "junit*.xml"):
+        root = ElementTree.fromstring(results.text(path))
         wall += sum(float(s.get("time", 0)) for s in root.iter("testsuite"))
-        cases += [(f"{c.get('classname', '').replace('.', '/')}.py::{c.get('name')}", float(c.get("time", 0)))
-                  for c in root.iter("testcase")]
+        cases += [(results.junit_nodeid(c), float(c.get("time", 0))) for c in root.iter("testcase")]
     return cases, wall
 
 
