@@ -79,6 +79,12 @@ def diff(old: dict, new: dict) -> list[str]:
     for name in sorted(configs_old.keys() & configs_new.keys()):
         lines += _config_diff(name, configs_old[name], configs_new[name])
     lines += _dict_diff("signature", old["signatures"], new["signatures"])
+    # flashinfer.megamoe (a package of its own since 0.7.4; absent from older pins)
+    mm_old, mm_new = old.get("megamoe") or {}, new.get("megamoe") or {}
+    lines += _set_diff("megamoe export", mm_old.get("exports", ()), mm_new.get("exports", ()))
+    lines += _dict_diff("megamoe signature", mm_old.get("signatures", {}), mm_new.get("signatures", {}))
+    lines += _dict_diff("megamoe plan fields", mm_old.get("plan_fields", {}), mm_new.get("plan_fields", {}))
+    lines += _dict_diff("megamoe constant", mm_old.get("constants", {}), mm_new.get("constants", {}))
     return lines
 
 

@@ -19,13 +19,13 @@ from ci import cli
 from fixtures.checks import CHECKS
 from fixtures.dist.pool import close_all
 from fixtures.implementation import load
-from fixtures.problem import PATTERNS, BatchCase, LayerCase, Scenario, make_batch
+from fixtures.problem import EXACT_PATTERN, PATTERNS, BatchCase, LayerCase, Scenario, make_batch
 from fixtures.runner import Subject
 from reference.routing import METHOD_TABLE
 
 _TYPES = {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}
 _AT_LEAST_1 = ("num_experts", "hidden", "intermediate", "top_k", "capacity", "ep_size")
-_CHOICES = {"method": sorted(METHOD_TABLE), "pattern": list(PATTERNS)}
+_CHOICES = {"method": sorted(METHOD_TABLE), "pattern": [*PATTERNS, EXACT_PATTERN]}  # exact: fixtures.exact_check
 
 
 def _schema_of(cls, required=None) -> dict:

@@ -20,7 +20,9 @@ RUN7 = _DEC01 + "h200-run7-aot-crash-and-cut-short.md"  # AOT modules without li
 RUN8 = _DEC02 + "h200-run8-nightly-green.md"  # the nightly, green: every SM90 backend and finding
 RUN9 = _DEC02 + "h200-run9-restructure-unchanged.md"  # after the restructuring: run 8's counts and outputs
 SESSION7 = _DEC01 + "session7-no-device.md"  # no GPU lent: AOT modules built on CPU, the toolkit parts they need
-LOGS = (H200_072, RUN1, RUN2, RUN3, RUN4, RUN5, RUN6, RUN7, RUN8, RUN9, SESSION7)
+RUN10 = _DEC02 + "h200-run10-megamoe-exact.md"  # flashinfer.megamoe MXFP4 at EP1, the exact cases; F18
+SESSION11 = _DEC02 + "session11-cpu.md"  # the CPU tier with flashinfer.megamoe and the exact cases; F15-F17
+LOGS = (H200_072, RUN1, RUN2, RUN3, RUN4, RUN5, RUN6, RUN7, RUN8, RUN9, SESSION7, RUN10, SESSION11)
 
 
 def _raw(day: str, run: str) -> str:

@@ -131,6 +131,20 @@ def _inputs(layer: LayerCase, tokens: int, device):
     return b.hidden_states.to(device), b.topk_ids.to(device), b.topk_weights.to(device)
 
 
+def _one_rank_group(caps):
+    """The one-rank process group an implementation that asks the harness for one gets (Capabilities.dist_backend)."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    if caps.dist_backend is None:
+        return None
+    if not dist.is_initialized():
+        store = dist.FileStore(str(Path(tempfile.mkdtemp()) / "store"), 1)
+        dist.init_process_group(caps.dist_backend, store=store, rank=0, world_size=1)
+    return dist.group.WORLD
+
+
 def measure(spec: str, geometry: Geometry, token_counts: list[int], device, warmup: int, repeats: int) -> list[dict]:
     layer = LayerCase(num_experts=geometry.experts, hidden=geometry.hidden, intermediate=geometry.intermediate,
                       top_k=geometry.top_k, capacity=max(token_counts), weight_seed=7)
@@ -138,17 +152,17 @@ def measure(spec: str, geometry: Geometry, token_counts: list[int], device, warm
     if spec == "torch":
         impl, weight_bytes = TorchMoE(w13, w2, device), 2.0
     else:
-        from fixtures.flashinfer.adapter import FlashInferMegaLayer
-        from fixtures.flashinfer.descriptors import BY_IMPL_NAME
-        from fixtures.implementation import RankContext
+        from fixtures.implementation import RankContext, load
 
-        d = BY_IMPL_NAME[spec]
-        try:
-            impl = FlashInferMegaLayer(d, {}, RankContext(0, 1, device), layer, w13, w2)
+        implementation = load(spec)
+        try:  # every registered implementation, built at one rank as the rank pools build it
+            impl = implementation.build(RankContext(0, 1, device, _one_rank_group(implementation.capabilities)),
+                                        layer, w13, w2)
         except Exception as err:  # noqa: BLE001 (a refused capacity or geometry is a row of the table)
             return [_error_row(spec, geometry, err)]
         # bytes a weight streams from HBM: E2M1 half a byte (FP8 x FP4 recipes name both, so FP4 first)
-        weight_bytes = 0.5 if "fp4" in d.recipe.name else (1.0 if "fp8" in d.recipe.name else 2.0)
+        name = implementation.capabilities.recipe.name
+        weight_bytes = 0.5 if "fp4" in name else (1.0 if "fp8" in name else 2.0)
     rows, peaks = [], device_peaks(device)[1]
     try:
         for tokens in token_counts:
@@ -182,9 +196,11 @@ def main(argv=None) -> int:
     if specs is None:
         specs = ["torch"]
         if device.type == "cuda":
-            from fixtures.flashinfer.descriptors import DESCRIPTORS
-            from fixtures.flashinfer.prerequisites import missing_jit_modules
-            specs += [d.impl_name for d in DESCRIPTORS if d.arch == "sm90" and not missing_jit_modules(d)]
+            from fixtures.implementation import load
+            from fixtures.selection import implementations_of
+
+            caps = {n: load(n).capabilities for n in implementations_of({"sm90"})}  # moe_ep and flashinfer.megamoe
+            specs += [n for n, c in caps.items() if 1 in c.ep_sizes and not (c.prerequisite and c.prerequisite())]
     rows, (gpu, peaks, why) = [], device_peaks(device)
     header = {"device": str(device), "gpu": gpu, "peaks": peaks, **({"peaks_missing": why} if why else {})}
     for name in a.geometry.split(","):

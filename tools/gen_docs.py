@@ -129,6 +129,7 @@ def render_backends() -> str:
                 + (" (bit-identical output promised)" if k.bitwise else "") for k in d.knobs]
         out += [f"- facts from: {_cell(d.source)}",
                 f"- evidence: {_cell(_evidence_of(d) or 'none yet: it has not run on hardware here')}"]
+    out += _megamoe_rows(recipes)
     out += ["", "## Recipes", "", "What each backend's reference rounds, and how close the backend must come "
             "(`reference/recipes.py`)."]
     for name, recipe in sorted(recipes.items()):
@@ -136,13 +137,44 @@ def render_backends() -> str:
     return "\n".join(out) + "\n"
 
 
+def _megamoe_rows(recipes: dict) -> list[str]:
+    """flashinfer.megamoe's paths (fixtures/flashinfer/megamoe_paths.py), a package apart from the moe_ep registry."""
+    from fixtures.flashinfer.megamoe_adapter import capabilities
+    from fixtures.flashinfer.megamoe_paths import PACKAGE, PATHS, VERSIONS
+
+    out = ["", f"## `{PACKAGE}`", "", f"The SM90 W4A8 MegaMoE of FlashInfer {_join(VERSIONS)}, a package apart from the "
+           "`moe_ep` registry (`fixtures/flashinfer/megamoe_paths.py`; facts: [megamoe-sm90.md](megamoe-sm90.md)). "
+           "Each path needs one Hopper GPU per rank, on NVLink.", "",
+           "| path (`--impl`) | entry point | recipe | EP sizes | findings |", "|---|---|---|---|---|"]
+    sections = []
+    for path in PATHS:
+        recipes.setdefault(path.recipe.name, path.recipe)
+        caps = capabilities(path)
+        family = f"(kernel_family={path.kernel_family!r})" if path.kernel_family else ""
+        out.append(f"| `{path.name}` | `{path.function}{family}` | [`{path.recipe.name}`]"
+                   f"(#{_slug('recipe ' + path.recipe.name)}) | {_join(caps.ep_sizes)} | "
+                   f"{_finding_links(path.findings)} |")
+        sections += ["", f"### `{path.name}`", "",
+                     f"- H a multiple of {caps.hidden_multiple} (of 512 above 4096), I a multiple of "
+                     f"{caps.intermediate_multiple}" + (", 2I <= H" if path.half_intermediate else ""),
+                     f"- top-k in {_join(caps.top_k_values)}; at most {caps.max_tokens_per_rank} tokens a rank in the "
+                     "generic suites; equal token counts on every rank (the adapter pads with -1 routes)",
+                     f"- clamp {caps.clamp_when_none:g} where the layer has none (the package cannot run unclamped)",
+                     f"- facts from: {_cell(path.source)}",
+                     f"- evidence: {_cell(path.evidence or 'none yet: it has not run on hardware here')}"]
+    return out + sections
+
+
 def render_findings() -> str:
     from fixtures import findings
     from fixtures.flashinfer.descriptors import ALL_DESCRIPTORS
     from fixtures.flashinfer.routing_ops import OPS
 
+    from fixtures.flashinfer.megamoe_paths import PATHS as MEGAMOE_PATHS
+
     shown = {key: [f"`{d.impl_name}`" for d in ALL_DESCRIPTORS if key in d.findings]
-             + [f"routing op `{op.name}`" for op in OPS if key in op.findings] for key in findings.FINDINGS}
+             + [f"routing op `{op.name}`" for op in OPS if key in op.findings]
+             + [f"`{p.name}`" for p in MEGAMOE_PATHS if key in p.findings] for key in findings.FINDINGS}
     evidence = getattr(findings, "EVIDENCE", {})
     out = ["# Findings", "", _generated("fixtures/findings.py"), "",
            "A finding is FlashInfer misbehaviour seen on hardware (or read in its source and then seen), numbered "

@@ -58,6 +58,28 @@ def snapshot() -> dict:
         "exports": sorted(fi.__all__),
         "errors": {n: [c.__name__ for c in getattr(fi, n).__mro__[1:3]] for n in ("MoEEpConfigError", "MoEEpArchError")},
         "signatures": {n: str(inspect.signature(getattr(fi, n))) for n in SIGNATURES},
+        "megamoe": megamoe_surface(),
+    }
+
+
+def megamoe_surface() -> dict:
+    """flashinfer.megamoe's public surface (the package apart from moe_ep, 0.7.4 on): exports, the signatures of its
+    functions and of MegaMoESymmBuffer's methods, the plan records' fields, its constants; {} where it is absent."""
+    try:
+        import flashinfer.megamoe as mm
+    except ImportError:
+        return {}
+    exported = {n: getattr(mm, n) for n in mm.__all__}
+    signatures = {n: str(inspect.signature(f)) for n, f in exported.items() if callable(f) and not isinstance(f, type)}
+    buffer = mm.MegaMoESymmBuffer
+    signatures.update({f"MegaMoESymmBuffer.{m}": str(inspect.signature(getattr(buffer, m)))
+                       for m in ("__init__", "stage", "commit_staged", "prewarm", "destroy")})
+    return {
+        "exports": sorted(mm.__all__),
+        "signatures": dict(sorted(signatures.items())),
+        "plan_fields": {n: [f.name for f in dataclasses.fields(c)] for n, c in sorted(exported.items())
+                        if dataclasses.is_dataclass(c)},
+        "constants": {n: v for n, v in sorted(exported.items()) if isinstance(v, (bool, int, float, str))},
     }
 
 

@@ -6,7 +6,7 @@
 #              included), with its per-case records and a JUnit file in the log folder; wall time last
 #   bench      drawn cases per minute and the phase split, from the product run's records (tools/bench_cases.py)
 #   host       what idle rank pools cost this process's CPU work, per thread count (evidence/probes/bench_host_threads.py)
-#   calibrate  error distributions of each backend of $ARCH against its recipe (tools/calibrate.py)
+#   calibrate  error distributions of each backend of $ARCH (or of $CAL_IMPLS) against its recipe (tools/calibrate.py)
 #   parallel   concurrent jobs sharing the GPU, one "name|pytest arguments" (or "name|python3 -m ...") a
 #              line in $PAR_JOBS; PAR_TIMEOUT bounds each; a line per job last
 #   nightly    python -m ci.nightly into $out/night ($NIGHTLY_PROFILE, default nightly; ci = the product's profile)
@@ -69,7 +69,7 @@ for phase in "$@"; do
     timeout "${HOST_TIMEOUT:-240}" python3 -m evidence.probes.bench_host_threads --json "$out/host-threads.json" 2>&1 \
       | grep -v "^\[" | tail -n 12 | tee -a "$out/host.log" ;;
   calibrate)
-    for impl in $(python3 -m ci.backends "$arch"); do
+    for impl in ${CAL_IMPLS:-$(python3 -m ci.backends "$arch")}; do
       tag=$(echo "$impl" | tr -c 'a-z0-9_\n' '_')
       stamp "calibrate $impl" | tee -a "$out/calibrate.log"
       timeout "${CAL_TIMEOUT:-200}" python3 -m tools.calibrate --impl "$impl" --batches "${CAL_BATCHES:-12}" \

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from fixtures import results
 from fixtures.checks import CHECKS, ConformanceFailure, check_oracle, check_textbook
+from fixtures.exact_check import CASES_PER_SUBJECT, check_exact
 from fixtures.findings import expect_finding
 from fixtures.history import HistoryFailure
 from fixtures.geometries import MODELS, fits, layer_pool, model_layer, tile_layer, wide_layer
@@ -56,6 +57,14 @@ def test_check(subject, check, data, seed):
     if why:
         pytest.skip(f"{subject.impl}: {check.name} {why}")
     check.run(subject, drawn(subject, data, max_batches=1 if check.single_batch else 3), seed, {})
+
+
+@settings(max_examples=CASES_PER_SUBJECT)  # the case depends on the geometry and a seed: more draws repeat it
+@given(data=st.data(), seed=st.integers(0, 2**31 - 1))
+def test_exact(subject, data, seed):
+    """The exact-arithmetic case (fixtures.exact_check, docs/exact-cases.md) derived from a drawn scenario: the
+    implementation's output is the recipe's, bit for bit."""
+    check_exact(subject, drawn(subject, data, max_batches=1), seed)
 
 
 _CHECKED_ON_CPU: set[str] = set()  # model-geometry tests of CPU subjects that have checked their batch

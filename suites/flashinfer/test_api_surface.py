@@ -66,6 +66,23 @@ def test_an_unpinned_version_is_shown_as_a_diff_against_the_nearest_pin(tmp_path
     assert surface_failure(pinned, directory=tmp_path) is None  # a pinned, unchanged surface passes
 
 
+def test_a_changed_megamoe_surface_is_named(tmp_path):
+    """flashinfer.megamoe's part of the pin (issue 26 item 6): an export dropped, a signature and a plan field
+    changed, the family threshold moved, each a line of the diff."""
+    pinned = json.loads(snapshot_path("0.7.4").read_text())
+    live = json.loads(json.dumps(pinned))
+    mm = live["megamoe"]
+    mm["exports"].remove("select_split_plan")
+    mm["signatures"]["mxfp4_mega_moe"] += " # changed"
+    mm["plan_fields"]["FusedPlan"].append("new_field")
+    mm["constants"]["FAMILY_THRESHOLD"] = 512
+    lines = api_diff.diff(pinned, live)
+    for line in ("megamoe export removed: select_split_plan", "megamoe signature changed: mxfp4_mega_moe",
+                 "megamoe plan fields changed: FusedPlan", "megamoe constant changed: FAMILY_THRESHOLD: 256 -> 512"):
+        assert any(x.startswith(line) for x in lines), (line, lines)
+    assert api_diff.diff(pinned, pinned) == []
+
+
 def test_pull_config_defaults_match_the_catalogue():
     import dataclasses
 

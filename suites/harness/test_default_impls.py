@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fixtures import arch
-from fixtures.flashinfer.descriptors import DESCRIPTORS
+from fixtures.flashinfer.descriptors import DESCRIPTORS, installed_version
 from fixtures.selection import default_impls
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
@@ -24,7 +24,11 @@ class _Config:
 
 
 def _of(tag: str) -> set[str]:
-    return {d.impl_name for d in DESCRIPTORS if d.arch == tag}
+    """The moe_ep descriptors of the arch, and flashinfer.megamoe's paths for sm90 where it ships (issue 26)."""
+    from fixtures.flashinfer.megamoe_paths import PATHS, VERSIONS
+
+    megamoe = {p.name for p in PATHS} if tag == "sm90" and installed_version() in (None, *VERSIONS) else set()
+    return {d.impl_name for d in DESCRIPTORS if d.arch == tag} | megamoe
 
 
 @pytest.mark.parametrize("markexpr", ["sm90", "sm90 and ep", "not slow and sm90"])

@@ -26,6 +26,18 @@ def gpus(monkeypatch):
     return set_count
 
 
+def _expected_skip(impl, ep: int, gpus: int) -> str | None:
+    """What a backend's skip at EP ``ep`` says on ``gpus`` Hopper GPUs, from its capabilities alone."""
+    caps = impl.capabilities
+    if ep not in caps.ep_sizes:
+        return f"{impl.name} does not support EP{ep} (supports {caps.ep_sizes})"
+    if caps.ranks_share_device or ep == 1 or gpus >= ep:
+        return None
+    if caps.peer_link:
+        return f"{impl.name} needs {ep} {caps.peer_link}-connected SM90 GPUs, one per rank; this machine has {gpus}"
+    return f"{impl.name} needs one GPU per rank: EP{ep} needs {ep} SM90 GPUs, this machine has {gpus}"
+
+
 def test_one_h200_runs_shared_ranks_and_skips_one_gpu_per_rank_backends(gpus):
     gpus(1)
     impls = _sm90()
@@ -33,20 +45,33 @@ def test_one_h200_runs_shared_ranks_and_skips_one_gpu_per_rank_backends(gpus):
     per_rank = [i for i in impls if not i.capabilities.ranks_share_device]
     assert shared and per_rank, "the SM90 descriptors no longer hold both kinds of EP placement"
     for impl in impls:
-        assert ep_skip_reason(impl.name, impl.capabilities, 1) is None
-    for ep in (2, 4, 8):
-        for impl in shared:
-            assert ep_skip_reason(impl.name, impl.capabilities, ep) is None, impl.name
-        for impl in per_rank:
-            assert ep_skip_reason(impl.name, impl.capabilities, ep) == (
-                f"{impl.name} needs one GPU per rank: EP{ep} needs {ep} SM90 GPUs, this machine has 1")
+        for ep in (1, 2, 4, 8):
+            assert ep_skip_reason(impl.name, impl.capabilities, ep) == _expected_skip(impl, ep, 1), (impl.name, ep)
+
+
+def test_flashinfer_megamoe_runs_mxfp4_at_ep1_on_one_h200_and_names_the_gpus_its_other_paths_need(gpus):
+    """Issue 26: one H200 runs MXFP4 fused at EP1 only; NVFP4 fused and split need 4 or 8 GPUs on NVLink."""
+    gpus(1)
+    megamoe = {i.name: i for i in _sm90() if i.name.startswith("megamoe_")}
+    if not megamoe:
+        pytest.skip("the installed FlashInfer ships no flashinfer.megamoe")
+    mx = megamoe["megamoe_sm90_mxfp4_fused"]
+    assert ep_skip_reason(mx.name, mx.capabilities, 1) is None
+    for name in ("megamoe_sm90_nvfp4_fused", "megamoe_sm90_nvfp4_split"):
+        assert ep_skip_reason(name, megamoe[name].capabilities, 4) == (
+            f"{name} needs 4 NVLink-connected SM90 GPUs, one per rank; this machine has 1")
+        assert ep_skip_reason(name, megamoe[name].capabilities, 8).startswith(f"{name} needs 8 NVLink-connected")
+    gpus(8)  # on an HGX host every path runs at each EP size it supports, unchanged
+    for impl in megamoe.values():
+        for ep in impl.capabilities.ep_sizes:
+            assert ep_skip_reason(impl.name, impl.capabilities, ep) is None, (impl.name, ep)
 
 
 def test_eight_h200s_run_every_ep_size(gpus):
     gpus(8)
     for impl in _sm90():
         for ep in (1, 2, 4, 8):
-            assert ep_skip_reason(impl.name, impl.capabilities, ep) is None, (impl.name, ep)
+            assert ep_skip_reason(impl.name, impl.capabilities, ep) == _expected_skip(impl, ep, 8), (impl.name, ep)
 
 
 def test_an_unsupported_ep_size_says_which_are_supported(gpus):

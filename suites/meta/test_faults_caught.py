@@ -70,7 +70,7 @@ def _search(fault: str, names=None, inner: str = "") -> tuple[ConformanceFailure
 # Each check alone, against a fault it is there to catch: its own printed reproduction must fail again.
 CHECK_FAULTS = {"textbook": "gate_up_swapped", "repeat-determinism": "accumulate_twice", "systematic": "scale_1e-3",
                 "permutation": "last_token_unwritten", "relabel": "experts_off_by_one",
-                "history": "accumulate_into_output"}
+                "history": "accumulate_into_output", "exact": "routing_weights_bf16"}
 
 
 def test_every_registered_check_has_a_fault_it_catches_alone():
