@@ -240,8 +240,9 @@ def exact_inputs(recipe, num_experts: int, hidden: int, inter: int, top_k: int, 
     x[:, cols == 0], x[:, cols == 1], x[:, cols == 2] = grid.anchor, 0.0, D_ACT
     if top_k > num_experts:
         raise ExactCaseError(f"top_k {top_k} > {num_experts} experts: the exact case routes to distinct experts")
-    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(total)]) if total \
-        else torch.zeros(0, top_k, dtype=torch.int64)
+    # token t: slots t*K.. of one random expert order, cyclically (distinct; every expert routed once T*K >= E)
+    order = torch.randperm(num_experts, generator=gen)
+    ids = order[(torch.arange(total)[:, None] * top_k + torch.arange(top_k)) % num_experts]
     if null_experts(recipe) and total:
         ids = _one_live_per_rank(gen, num_experts, top_k, ep_size, total)
     w = routing_weights(gen, (total, top_k), routing_weight_top(recipe))
@@ -252,9 +253,9 @@ def _one_live_per_rank(gen, num_experts, top_k, ep_size, total):
     per_rank = num_experts // ep_size
     null = [e for e in range(num_experts) if e % 2]
     rows = []
-    for _ in range(total):
+    for t in range(total):  # the live expert of a rank cycles through its even experts from its first (covering it)
         ranks = torch.randperm(ep_size, generator=gen)[:max(1, min(ep_size, top_k))].tolist()
-        live = [r * per_rank + 2 * int(torch.randint(0, -(-per_rank // 2), (), generator=gen)) for r in ranks]
+        live = [r * per_rank + 2 * (t % -(-per_rank // 2)) for r in ranks]
         live = [e for e in live if e % 2 == 0 and e < num_experts][:top_k]
         rest = [null[i] for i in torch.randperm(len(null), generator=gen).tolist()][:top_k - len(live)]
         if len(live) + len(rest) < top_k or not live:

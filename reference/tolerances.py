@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from reference.evidence import H200_072, RUN3, RUN4, RUN5, RUN6, RUN8
+from reference.evidence import H200_072, RUN3, RUN4, RUN5, RUN6, RUN8, RUN10
 from reference.numerics import Systematic, Tolerance
 
 # One e4m3 rounding flip: the recipe emulates every FP8 rounding, but an fp32 accumulation-order difference
@@ -121,9 +121,14 @@ SM100_DEEPGEMM = Tolerance(
     reason="unverified on hardware (no SM100 here): FlashInfer's DeepGEMM oracle, atol 0.15, rel_l2 0.02",
     systematic=PROVISIONAL_SYSTEMATIC)
 
-# flashinfer.megamoe (docs/megamoe-sm90.md): not yet run on hardware. Its E4M3 x E2M1 numerics (E4M3 activations
-# and FC2 inputs, FP4 weights decoded to E4M3) are closest to the FP8 x FP4 pull kernels': their bounds to start.
+# flashinfer.megamoe (docs/megamoe-sm90.md). Its E4M3 x E2M1 numerics (E4M3 activations and FC2 inputs, FP4 weights
+# decoded to E4M3) are closest to the FP8 x FP4 pull kernels': their noise bounds, which the H200 held (RUN10).
+SYSTEMATIC_MEGAMOE = Systematic(
+    gain_floor=5e-4, bias_floor=2e-4, expert_gain_floor=5e-3, rank_gain_floor=1e-2, resolution=(1e-2, 5e-2),
+    reason="MXFP4 fused at EP1 on the H200: 0 false alarms in 1330 clean statistic checks (713 in 68 calibration "
+           "batches, 617 in the run's own cases); a 0.3% uniform scale (gain 1.0029, robust SE 4.5e-4) and 1% on "
+           f"one expert (1.0067, SE 2.6e-4) at 48 tokens passed them, hence 1% and 5%; the exact check sees both ({RUN10})")
 MEGAMOE_FP4 = dataclasses.replace(
-    FP4_PULL, systematic=SYSTEMATIC_FP4_PULL,
-    reason="provisional until calibrated on hardware (python -m tools.calibrate): the FP8 x FP4 pull kernels' "
-           "noise and systematic bounds (resolution 0.3% uniform, 1% one expert), the nearest numerics measured")
+    FP4_PULL, systematic=SYSTEMATIC_MEGAMOE,
+    reason="the FP8 x FP4 pull kernels' noise bounds; MXFP4 fused at EP1 on the H200 within them in every case: "
+           f"calibration rel-L2 <= 0.0204, worst token 0.055, band <= 6.7 units, 0 of 68 batches outside ({RUN10})")

@@ -21,7 +21,9 @@ from fixtures.findings import FINDINGS, expect_finding, text
 from fixtures.flashinfer import megamoe_modules, megamoe_probe
 
 mm = pytest.importorskip("flashinfer.megamoe", reason="the installed FlashInfer ships no flashinfer.megamoe (0.7.4 does)")
-PROBE_TIMEOUT_S = 180  # a fresh process: torch, FlashInfer, a one-rank group, the module (JIT where not prebuilt)
+# A fresh process: torch, FlashInfer, a one-rank group, the prebuilt module: 12.6 s on the H200 for the case FlashInfer
+# refuses; an id it does not check hangs the kernel past any bound (reference.evidence.RUN10), so the bound is short
+PROBE_TIMEOUT_S = 45
 CXX_FLOAT = re.compile(r"^(\d+\.\d*|\.\d+)([eE][+-]?\d+)?f$")  # what '{clamp}f' must render to
 
 
@@ -91,7 +93,7 @@ def test_a_float_clamp_renders_as_a_cxx_literal(monkeypatch):
 
 
 def _probe(case: dict) -> tuple[dict, str]:
-    line = [suite_python(), "-m", "fixtures.flashinfer.megamoe_probe", json.dumps(case)]
+    line = [suite_python(), "-m", "fixtures.flashinfer.megamoe_probe", json.dumps(case, sort_keys=True)]
     repro = " ".join(shlex.quote(a) for a in line)
     try:
         done = subprocess.run(line, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
@@ -116,15 +118,22 @@ assert set(CASES) == set(megamoe_probe.KINDS)
 
 @pytest.mark.sm90
 @pytest.mark.parametrize("kind", sorted(CASES))
-@settings(max_examples=1, deadline=None)  # a process each; the kinds, not their parameters, are the point
-@given(data=st.data())
-def test_an_illegal_call_is_refused_with_a_value_error(kind, data):
+def test_an_illegal_call_is_refused_with_a_value_error(kind):
+    """One drawn call of the kind, in a process of its own. The strategy draws it; the verdict is given after the
+    draw, so hypothesis neither shrinks nor replays what is a finding, not a flake (each process costs ~13 s)."""
     why = arch.skip_reason("sm90")
     if why:
         pytest.skip(why)
     key, params = CASES[kind]
-    case = {"kind": kind, **data.draw(params, label="case")}
-    got, repro = _probe(case)
+    seen = []
+
+    @settings(max_examples=1, deadline=None, database=None)
+    @given(params)
+    def draw(drawn):
+        seen.append(_probe({"kind": kind, **drawn}))
+
+    draw()
+    got, repro = seen[0]
     observed = f"{got['outcome']}: {got['message']} | reproduce: {repro}"
     finding = FINDINGS[key] if key else None
     expect_finding(f"flashinfer.megamoe {kind}", finding, key or kind, got["outcome"] == "ValueError", observed)
