@@ -13,12 +13,8 @@ fp32 combine. On these cases each of those is exact in any order and precision:
 * each product has few significant bits, the routing weights' 13 included (1 + 2^-8 + k 2^-12 and values just
   below E4M3 rounding midpoints: fp32 holds them, bf16 does not), so every order of multiplication is exact;
 * the combine's terms share a quantum small enough that any order of the fp32 sum is exact
-  (:func:`combine_exact`); for a combine grouped per owner rank, one live route per (token, rank).
-
-Layout, in groups of 16 along H and along I (both must be multiples of 16): H column 0 of a group is the
-activation anchor, 1 meets the weight anchors (x = 0), 2 is the gate column (x = 8 for every token), the rest
-data; I channel 0 is the FC2-input anchor (u from the activation anchor, the block's largest), 1 is zero (W2's
-anchors meet it), the rest data; H row 0 of W2 is an output anchor (for the owner-rank wire), row 1 zero.
+  (:func:`combine_exact`); for a combine grouped per owner rank, one live route per (token, rank). The layout (groups of 16
+along H and I): docs/exact-cases.md.
 """
 from __future__ import annotations
 
@@ -102,12 +98,17 @@ def _expert_w13(gen, hidden, inter, w: Grid, data: float):
         elif channel % GROUP == 0:
             col, value = group, data  # the FC2-input anchor: u from the activation anchor
         else:
-            col = int(data_cols[torch.randint(0, len(data_cols), (), generator=gen)])
-            value = data * float(_pick(gen, w.mults)) * float(_sign(gen))
+            col, value = _data_entry(gen, data_cols, w, data)
         m[r, col], mask[r, col] = value, True
     if w.matrix_anchor is not None:
         m[1, 1] = w.matrix_anchor
     return m, mask
+
+
+def _data_entry(gen, data_cols, w: Grid, data: float):
+    """A data column of the row, and its weight: data times a drawn grid multiple and sign."""
+    col = int(data_cols[torch.randint(0, len(data_cols), (), generator=gen)])
+    return col, data * float(_pick(gen, w.mults)) * float(_sign(gen))
 
 
 def _expert_w2(gen, hidden, inter, w: Grid, data: float, live: bool):
@@ -124,8 +125,7 @@ def _expert_w2(gen, hidden, inter, w: Grid, data: float, live: bool):
         if h % GROUP == 0:
             col, value = int(torch.randint(0, groups, (), generator=gen)) * GROUP, data
         else:
-            col = int(data_cols[torch.randint(0, len(data_cols), (), generator=gen)])
-            value = data * float(_pick(gen, w.mults)) * float(_sign(gen))
+            col, value = _data_entry(gen, data_cols, w, data)
         m[h, col], mask[h, col] = value, True
     if w.matrix_anchor is not None:
         m[1, 1] = w.matrix_anchor
