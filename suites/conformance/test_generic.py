@@ -32,12 +32,7 @@ def drawn(subject, data, **kw):
 
 def _record(subject, scenario, check, started, run, textbook=()):
     """One line of cases-*.jsonl (fixtures.results.CaseRecord)."""
-    results.record_case(results.CaseRecord(
-        impl=subject.impl, ep=subject.ep_size, recipe=subject.caps.recipe.name, check=check,
-        scenario=scenario.to_json(), seconds=round(time.monotonic() - started, 4), metrics=list(run.metrics),
-        textbook_rel_l2=list(textbook), rank_seconds=run.rank_seconds, process_seconds=run.seconds,
-        layers_built=run.layers_built, placement=subject.placement or "",
-        tolerance=results.tolerance_fields(subject.caps.effective_tolerance)))
+    results.record_run(subject, scenario, check, time.monotonic() - started, run, textbook)
 
 
 @given(data=st.data())

@@ -58,12 +58,9 @@ def _token_counts(path, ep: int, layer: LayerCase) -> dict:
     return {plan: sorted({ms[0], ms[-1]}) for plan, ms in spans.items()}
 
 
-def _record(subject, scenario, check, started, run):
-    results.record_case(results.CaseRecord(
-        impl=subject.impl, ep=subject.ep_size, recipe=subject.caps.recipe.name, check=check,
-        scenario=scenario.to_json(), seconds=round(time.monotonic() - started, 4), metrics=list(run.metrics),
-        rank_seconds=run.rank_seconds, process_seconds=run.seconds, layers_built=run.layers_built,
-        placement=subject.placement or "", tolerance=results.tolerance_fields(subject.caps.effective_tolerance)))
+def _record(subject, scenario, check, started, run, textbook=()):
+    """One line of cases-*.jsonl (fixtures.results.CaseRecord)."""
+    results.record_run(subject, scenario, check, time.monotonic() - started, run, textbook)
 
 
 def _ran_plans(run) -> list[dict]:
