@@ -22,6 +22,7 @@ from hypothesis import settings
 from fixtures import arch, cuda_health, host_threads, results, time_spent
 from fixtures.dist.inprocess import launched_by_torchrun
 from fixtures.dist.pool import close_all
+from fixtures.pool_order import pool_order, pool_subject
 from fixtures.selection import ep_skip_reason, selected_ep_sizes, selected_impls
 
 # The hypothesis profile is loaded by fixtures.options (fixtures.profiles), before this module is imported.
@@ -58,31 +59,9 @@ def _interleave_line() -> list[str]:
         return []
     if not any(d.jit_prerequisites for d in DESCRIPTORS):
         return []
-    from fixtures.flashinfer import interleave
+    from fixtures.flashinfer import cute_dsl_cache, interleave
 
-    return [interleave.describe()]
-
-
-def _pool_subject(item):
-    """(spec, implementation, EP size) of the rank pool a test runs on, or None: a ``subject`` test's own, and
-    the EP1 pool of a descriptor's kernel for tests marked ``rank_pool`` (parameter ``d``)."""
-    from fixtures.implementation import load
-
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    if "subject" in params:
-        return params["subject"]
-    if "d" in params and item.get_closest_marker("rank_pool"):
-        return params["d"].impl_name, load(params["d"].impl_name), 1
-    return None
-
-
-def _pool_order(item) -> tuple[int, str, str]:
-    """(EP size, rank pool, implementation): tests of one pool run together, EP1 first."""
-    subject = _pool_subject(item)
-    if subject is None:
-        return 0, "", ""
-    spec, impl, ep = subject
-    return ep, impl.capabilities.pool_tag or spec, spec
+    return [interleave.describe(), cute_dsl_cache.describe()]
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks added here
@@ -92,9 +71,9 @@ def pytest_collection_modifyitems(config, items):
     # another backend, and larger EP sizes compare with EP1's results. Under ``-n N --dist loadgroup``
     # (MOE_WORKERS=N bash ci/test.sh) each pool's tests, and each module of other tests (module-scoped GPU
     # layers), run on one worker.
-    items.sort(key=_pool_order)
+    items.sort(key=pool_order)
     for item in items:
-        ep, pool, _ = _pool_order(item)
+        ep, pool, _ = pool_order(item)
         item.add_marker(pytest.mark.xdist_group(f"{pool}@EP{ep}" if pool else item.module.__name__))
     for item in items:
         for tag in arch.ARCH_MARKERS:
@@ -122,7 +101,7 @@ def pytest_collection_finish(session):
     from fixtures.dist import pool
     from fixtures.runner import Subject
 
-    subjects = (_pool_subject(item) for item in session.items if not item.get_closest_marker("skip"))
+    subjects = (pool_subject(item) for item in session.items if not item.get_closest_marker("skip"))
     pool.set_upcoming(Subject(*subject).pool_key for subject in subjects if subject)
 
 
@@ -141,7 +120,7 @@ def pytest_runtest_protocol(item, nextitem):
     time_spent.take()
     started = time.monotonic()
     yield
-    spec, _, ep = _pool_subject(item) or ("", None, 0)
+    spec, _, ep = pool_subject(item) or ("", None, 0)
     time_spent.finish(item.nodeid, spec, ep, time.monotonic() - started)
 
 

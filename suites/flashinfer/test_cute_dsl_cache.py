@@ -1,0 +1,137 @@
+"""fixtures/flashinfer/cute_dsl_cache.py: ``cute.compile`` through CuTe DSL's own cache. On the CPU, with a host-only
+CuTe DSL function: a second compile of the same traced function is the same compiled module, another constant or
+another body compiles, and a second process reads the module from the folder. On an SM90 GPU: a pull kernel read
+from memory and from the folder gives a fresh compile's output, bit for bit."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fixtures import arch, settings
+from fixtures.flashinfer import behaviour, cute_dsl_cache
+from fixtures.flashinfer.descriptors import DESCRIPTORS
+from fixtures.flashinfer.prerequisites import missing_jit_modules
+
+ROOT = Path(__file__).resolve().parents[2]
+pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed (it comes with flashinfer-python)")
+
+# A host-only CuTe DSL program: compiles ``add`` for the constants given, calls each, prints the counts.
+_PROGRAM = """
+import json, sys
+from fixtures.flashinfer import cute_dsl_cache
+print(cute_dsl_cache.install(), flush=True)
+import cutlass, cutlass.cute as cute
+
+@cute.jit
+def add(a: cutlass.Int32, b: cutlass.Int32, c: cutlass.Constexpr):
+    cute.printf("sum {}", a + b + c + OFFSET)
+
+objs, same = [], []  # same: whether each compile returned a module an earlier one had
+for c in json.loads(sys.argv[1]):
+    if c == "off":
+        with cute_dsl_cache.disabled():
+            f = cute.compile(add, 1, 2, 1)
+    else:
+        f = cute.compile(add, 1, 2, c)
+    same.append(any(f is g for g in objs))
+    objs.append(f)
+    f(3, 4)
+print("COUNTS " + json.dumps({**cute_dsl_cache.COUNTS, "same": same}), flush=True)
+"""
+
+
+def _run(folder: Path, constants: list, offset: int = 0, cache: str = "1") -> tuple[dict, list[str]]:
+    """Runs the program (from a file: CuTe DSL reads a function's source) with the cache folder ``folder``."""
+    program = folder.parent / f"cute_program_{offset}.py"
+    program.write_text(f"OFFSET = {offset}\n" + _PROGRAM)
+    env = {**os.environ, "CUTE_DSL_CACHE_DIR": str(folder), settings.CUTE_DSL_CACHE.name: cache,
+           "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, str(program), json.dumps(constants)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    counts = json.loads(next(line for line in lines if line.startswith("COUNTS "))[7:])
+    return counts, [line for line in lines if line.startswith("sum ")]
+
+
+def test_one_compile_per_traced_function_and_a_second_process_reads_the_folder(tmp_path):
+    tmp_path = tmp_path / "cache"
+    counts, sums = _run(tmp_path, ["off", 1, 1, 2])
+    assert sums == ["sum 8", "sum 8", "sum 8", "sum 9"]
+    # the disabled compile and the first of each constant compile; the repeat is the same module
+    assert counts["requests"] == 4 and counts["compiled"] == 3 and counts["from_file"] == 0, counts
+    assert counts["same"] == [False, False, True, False], counts
+    assert len(list(tmp_path.glob("*.mlir"))) == 2, sorted(p.name for p in tmp_path.iterdir())
+
+    counts, sums = _run(tmp_path, [1, 2])  # a new process: both modules from the folder, nothing compiled
+    assert sums == ["sum 8", "sum 9"] and counts["compiled"] == 0 and counts["from_file"] == 2, counts
+
+    counts, sums = _run(tmp_path, [1, 2], offset=100)  # same name, another body: another hash, compiled anew
+    assert sums == ["sum 108", "sum 109"] and counts["compiled"] == 2 and counts["from_file"] == 0, counts
+
+
+def test_off_compiles_every_time_and_the_header_says_so(tmp_path, monkeypatch):
+    counts, sums = _run(tmp_path / "cache", [1, 1], cache="0")
+    # not installed: two compiles, two modules, nothing in the folder
+    assert sums == ["sum 8", "sum 8"] and counts["same"] == [False, False] and counts["requests"] == 0, counts
+    assert not list(tmp_path.glob("cache/*.mlir"))
+    monkeypatch.setenv(settings.CUTE_DSL_CACHE.name, "0")
+    assert "off (MOE_CUTE_DSL_CACHE=0)" in cute_dsl_cache.describe()
+    monkeypatch.setenv(settings.CUTE_DSL_CACHE.name, "1")
+    monkeypatch.setenv(cute_dsl_cache.ENV_DIR, str(tmp_path))
+    assert cute_dsl_cache.describe().startswith(f"CuTe DSL compile cache: on, in memory and in {tmp_path}")
+
+
+def _forward(d, case, inputs):
+    from fixtures.flashinfer.adapter import FlashInferMegaLayer
+    from fixtures.implementation import RankContext
+    from fixtures.problem import make_weights
+
+    w13, w2 = make_weights(case)
+    layer = FlashInferMegaLayer(d, {}, RankContext(0, 1, torch.device("cuda", 0)), case, w13, w2)
+    try:
+        return layer.forward(*inputs).clone()
+    finally:
+        layer.close()
+
+
+@pytest.mark.sm90
+def test_a_kernel_from_the_cache_gives_a_fresh_compiles_output_bit_for_bit(tmp_path, monkeypatch):
+    """The first SM90 kernel here that compiles with ``cute.compile``: fresh, then compiled into an empty folder,
+    then from memory, then from the folder; the four outputs are equal bit for bit."""
+    why = arch.skip_reason("sm90")
+    if why:
+        pytest.skip(why)
+    monkeypatch.setenv(cute_dsl_cache.ENV_DIR, str(tmp_path))
+    for d in (d for d in DESCRIPTORS if d.arch == "sm90" and not missing_jit_modules(d)):
+        case = behaviour.layer_case(d)
+        inputs = behaviour.inputs(case, 48)
+        asked = cute_dsl_cache.COUNTS["requests"]
+        with cute_dsl_cache.disabled():
+            fresh = _forward(d, case, inputs)
+        if cute_dsl_cache.COUNTS["requests"] > asked:
+            break
+    else:
+        pytest.skip("no SM90 kernel built here compiles with CuTe DSL's cute.compile")
+    outs, deltas = [], []
+    for step in ("compiled into the folder", "from memory", "from the folder"):
+        before = dict(cute_dsl_cache.COUNTS)
+        if step == "from the folder":
+            with cute_dsl_cache.memory_forgotten():
+                outs.append(_forward(d, case, inputs))
+        else:
+            outs.append(_forward(d, case, inputs))
+        deltas.append({k: cute_dsl_cache.COUNTS[k] - before[k] for k in before})
+    print(f"{d.impl_name}: CuTe DSL compiles per step {deltas}")
+    assert deltas[0]["compiled"] > 0 and list(tmp_path.glob("*.mlir")), f"{d.impl_name}: nothing cached {deltas}"
+    assert deltas[1]["compiled"] == 0 and deltas[1]["from_file"] == 0, f"{d.impl_name}: memory missed {deltas}"
+    assert deltas[2]["compiled"] == 0 and deltas[2]["from_file"] > 0, f"{d.impl_name}: folder missed {deltas}"
+    for step, out in zip(("compiled into the folder", "from memory", "from the folder"), outs):
+        assert torch.equal(out, fresh), (f"{d.impl_name}: the kernel {step} differs from a fresh compile in "
+                                         f"{int((out != fresh).sum())} of {out.numel()} elements")

@@ -1,0 +1,45 @@
+"""Tests run grouped by the rank pool they use (conftest.py, fixtures/pool_order.py): a test marked ``rank_pool`` that names its
+implementation by a parameter sorts with that implementation's ``subject`` tests at its EP size, so the pool and
+its compiled kernels are started once, not again each time the next test names another backend."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from fixtures import pool_order as root
+from fixtures.implementation import load
+
+pytestmark = [pytest.mark.harness, pytest.mark.cpu]
+
+
+class _Item:
+    def __init__(self, label, params, marks=()):
+        self.label, self.callspec, self.marks = label, SimpleNamespace(params=params), set(marks)
+
+    def get_closest_marker(self, name):
+        return name if name in self.marks else None
+
+
+def _subject(spec, ep):
+    return {"subject": (spec, load(spec), ep)}
+
+
+def test_rank_pool_tests_sort_with_their_pools_subject_tests():
+    items = [
+        _Item("faulty EP2 subject", _subject("faulty:rank_zeroed", 2)),
+        _Item("reference EP2 subject", _subject("reference-ep", 2)),
+        _Item("rank_pool by name", {"name": "reference-ep"}, ["rank_pool"]),
+        _Item("no pool", {}),
+        _Item("rank_pool by name at EP2", {"name": "reference-ep", "ep": 2}, ["rank_pool"]),
+        _Item("reference EP1 subject", _subject("reference-ep", 1)),
+        _Item("by name, not marked", {"name": "reference-ep"}),
+        _Item("rank_pool by descriptor-like d", {"d": SimpleNamespace(impl_name="reference-ep")}, ["rank_pool"]),
+        _Item("rank_pool by path", {"path": SimpleNamespace(name="reference-ep")}, ["rank_pool"]),
+    ]
+    order = [i.label for i in sorted(items, key=root.pool_order)]
+    assert set(order[:2]) == {"no pool", "by name, not marked"}, order
+    assert set(order[2:6]) == {"rank_pool by name", "reference EP1 subject", "rank_pool by descriptor-like d",
+                               "rank_pool by path"}, order
+    ep2 = order[6:]
+    assert set(ep2) == {"faulty EP2 subject", "reference EP2 subject", "rank_pool by name at EP2"}, order
