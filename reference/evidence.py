@@ -22,7 +22,8 @@ RUN9 = _DEC02 + "h200-run9-restructure-unchanged.md"  # after the restructuring:
 SESSION7 = _DEC01 + "session7-no-device.md"  # no GPU lent: AOT modules built on CPU, the toolkit parts they need
 RUN10 = _DEC02 + "h200-run10-megamoe-exact.md"  # flashinfer.megamoe MXFP4 at EP1, the exact cases; F18
 SESSION11 = _DEC02 + "session11-cpu.md"  # the CPU tier with flashinfer.megamoe and the exact cases; F15-F17
-LOGS = (H200_072, RUN1, RUN2, RUN3, RUN4, RUN5, RUN6, RUN7, RUN8, RUN9, SESSION7, RUN10, SESSION11)
+RUN11 = _DEC02 + "h200-run11-exact-every-backend.md"  # the exact cases on every SM90 backend; push_cake's wire
+LOGS = (H200_072, RUN1, RUN2, RUN3, RUN4, RUN5, RUN6, RUN7, RUN8, RUN9, SESSION7, RUN10, SESSION11, RUN11)
 
 
 def _raw(day: str, run: str) -> str:

@@ -82,3 +82,11 @@ def test_exact_check_catches_a_fault_around_a_real_layer(name, fault):
     line = f"GPU fault {fault} around {name}: caught: {str(caught.value).splitlines()[0][:300]}"
     results.summary(line)
     print(line)
+
+
+@pytest.mark.parametrize("name", SM90)
+def test_the_unwrapped_layer_passes_the_exact_case(name):
+    """The control of the exact catches above: the same case on the unwrapped kernel is exact, so a catch is the
+    fault's, not the kernel's (run 11: push_cake's clean layer failed too, until its recipe had the right wire)."""
+    subject = Subject(name, load(name), 1)
+    check_exact(subject, Scenario(_layer(name), (BatchCase(tokens=(8,), seed=8),), 1, ("gpu-fault-exact",)), 8)
