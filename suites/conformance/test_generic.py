@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from fixtures import results
@@ -54,7 +54,9 @@ def test_check(subject, check, data, seed):
     check.run(subject, drawn(subject, data, max_batches=1 if check.single_batch else 3), seed, {})
 
 
-@settings(max_examples=CASES_PER_SUBJECT)  # the case depends on the geometry and a seed: more draws repeat it
+# The case depends on the geometry and a seed: more draws repeat it. Not shrunk: a failing case is one batch of 6
+# tokens a rank already, and shrinking reran it on the GPU through every draw (H200 run 11: 316 s, all failing).
+@settings(max_examples=CASES_PER_SUBJECT, phases=(Phase.explicit, Phase.reuse, Phase.generate))
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_exact(subject, data, seed):
     """The exact-arithmetic case (fixtures.exact_check, docs/exact-cases.md) derived from a drawn scenario: the
