@@ -24,7 +24,8 @@ INVALID = {
     "MOE_COLLECTIVE_TIMEOUT": "-5", "MOE_POOL_STARTUP_TIMEOUT": "inf", "MOE_MAX_POOLS": "0",
     "MOE_POOL_PREFETCH": "maybe", "MOE_MAX_LAYERS": "1.5", "MOE_HOST_THREADS": "zero", "MOE_RANK_NICE": "20",
     "MOE_ORACLE_CACHE_GB": "-1", "MOE_GPU_MAX_HIDDEN": "2k", "MOE_GPU_MAX_INTERMEDIATE": "0",
-    "MOE_F13_TORCH_INTERLEAVE": "2", "MOE_CLEAN_EXIT": "nope", "MOE_GSM8K_URL": "ftp://example.org",
+    "MOE_F13_TORCH_INTERLEAVE": "2", "MOE_CLEAN_EXIT": "nope", "MOE_CUTE_DSL_CACHE": "maybe",
+    "MOE_GSM8K_URL": "ftp://example.org",
     "MOE_USE_VENV": "yes", "MOE_POOL_ADDR": "localhost", "MOE_POOL_AUTHKEY": "xyz", "MOE_DIST_BACKEND": "mpi",
     "MOE_PLACEMENT": "anywhere", "MOE_PIN_WORKER_GPU": "2", "MOE_GPU_LIST": "0,a",
 }
