@@ -23,7 +23,8 @@ SESSION7 = _DEC01 + "session7-no-device.md"  # no GPU lent: AOT modules built on
 RUN10 = _DEC02 + "h200-run10-megamoe-exact.md"  # flashinfer.megamoe MXFP4 at EP1, the exact cases; F18
 SESSION11 = _DEC02 + "session11-cpu.md"  # the CPU tier with flashinfer.megamoe and the exact cases; F15-F17
 RUN11 = _DEC02 + "h200-run11-exact-every-backend.md"  # the exact cases on every SM90 backend; push_cake's wire
-LOGS = (H200_072, RUN1, RUN2, RUN3, RUN4, RUN5, RUN6, RUN7, RUN8, RUN9, SESSION7, RUN10, SESSION11, RUN11)
+SESSION12 = _DEC02 + "session12-cpu.md"  # the CPU tier at this session's end; each new check failing on broken input
+LOGS = (H200_072, RUN1, RUN2, RUN3, RUN4, RUN5, RUN6, RUN7, RUN8, RUN9, SESSION7, RUN10, SESSION11, RUN11, SESSION12)
 
 
 def _raw(day: str, run: str) -> str:

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import torch
 
 from reference import megamoe, recipes
+from reference.exact_expert import GROUP, expert_w13, expert_w2
 from reference.moe import combine_terms, expert_owners, moe_terms, prepare_weights
 
-GROUP = 16
 D_ACT, D_W13 = 8.0, 4.0  # data magnitudes: gate = 8 * 4 = 32
 D_W2_CANDIDATES = (2.0 ** -8, 2.0 ** -4, 1.0)  # W2's: small outputs, unless a scale of 1 needs larger
 GATE = D_ACT * D_W13
@@ -64,10 +64,6 @@ def _pick(gen, values, shape=()):
     return values[torch.randint(0, len(values), shape, generator=gen)]
 
 
-def _sign(gen, shape=()):
-    return torch.randint(0, 2, shape, generator=gen).float() * 2 - 1
-
-
 @dataclass(frozen=True)
 class Grid:
     """The values a case puts on one operand: anchor magnitude, data multipliers, optional matrix anchor."""
@@ -75,61 +71,6 @@ class Grid:
     anchor: float
     mults: tuple[float, ...]
     matrix_anchor: float | None = None
-
-
-def _expert_w13(gen, hidden, inter, w: Grid, data: float):
-    """One expert's [2I, H] and the mask of its data positions."""
-    groups = hidden // GROUP
-    m = torch.zeros(2 * inter, hidden)
-    for r in range(2 * inter):
-        channel = r % inter
-        if channel % GROUP == 1:
-            continue  # the zero channel: s = 0 where W2's anchors are
-        m[r, torch.arange(groups) * GROUP + 1] = w.anchor * _sign(gen, (groups,))
-    mask = torch.zeros_like(m, dtype=torch.bool)
-    data_cols = torch.tensor([c for c in range(hidden) if c % GROUP >= 3])
-    for r in range(2 * inter):
-        channel, up = r % inter, r >= inter
-        if channel % GROUP == 1:
-            continue
-        group = int(torch.randint(0, groups, (), generator=gen)) * GROUP
-        if not up:
-            col, value = group + 2, data  # the gate column: gate = 32 for every token
-        elif channel % GROUP == 0:
-            col, value = group, data  # the FC2-input anchor: u from the activation anchor
-        else:
-            col, value = _data_entry(gen, data_cols, w, data)
-        m[r, col], mask[r, col] = value, True
-    if w.matrix_anchor is not None:
-        m[1, 1] = w.matrix_anchor
-    return m, mask
-
-
-def _data_entry(gen, data_cols, w: Grid, data: float):
-    """A data column of the row, and its weight: data times a drawn grid multiple and sign."""
-    col = int(data_cols[torch.randint(0, len(data_cols), (), generator=gen)])
-    return col, data * float(_pick(gen, w.mults)) * float(_sign(gen))
-
-
-def _expert_w2(gen, hidden, inter, w: Grid, data: float, live: bool):
-    groups = inter // GROUP
-    m = torch.zeros(hidden, inter)
-    mask = torch.zeros_like(m, dtype=torch.bool)
-    data_cols = torch.tensor([i for i in range(inter) if i % GROUP >= 2])
-    for h in range(hidden):
-        if h % GROUP == 1:
-            continue
-        m[h, torch.arange(groups) * GROUP + 1] = w.anchor * _sign(gen, (groups,))
-        if not live:
-            continue
-        if h % GROUP == 0:
-            col, value = int(torch.randint(0, groups, (), generator=gen)) * GROUP, data
-        else:
-            col, value = _data_entry(gen, data_cols, w, data)
-        m[h, col], mask[h, col] = value, True
-    if w.matrix_anchor is not None:
-        m[1, 1] = w.matrix_anchor
-    return m, mask
 
 
 def _check_geometry(recipe, hidden: int, inter: int) -> None:
@@ -157,8 +98,9 @@ def _build_weights(recipe, experts, hidden, inter, seed, g13: Grid, g2: Grid, d2
     w13, w2, m13, m2 = [], [], [], []
     for e in experts:
         gen = _gen(seed * 1_000_003 + e)
-        a, ma = _expert_w13(gen, hidden, inter, g13, D_W13)
-        b, mb = _expert_w2(gen, hidden, inter, g2, d2, live=not (null_experts(recipe) and e % 2))
+        a, ma = expert_w13(gen, hidden, inter, g13.anchor, g13.mults, g13.matrix_anchor, D_W13)
+        b, mb = expert_w2(gen, hidden, inter, g2.anchor, g2.mults, g2.matrix_anchor, d2,
+                          live=not (null_experts(recipe) and e % 2))
         w13.append(a), m13.append(ma), w2.append(b), m2.append(mb)
     return torch.stack(w13), torch.stack(w2), torch.stack(m13), torch.stack(m2)
 

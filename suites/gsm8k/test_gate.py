@@ -12,12 +12,15 @@ from gates.gsm8k.run import GateConfig, ServerSpec, run_gate
 pytestmark = pytest.mark.cpu
 TOY = f"{sys.executable} -m fixtures.gsm8k_toy_server --port {{port}} --max-seconds 600"
 RULE = {"accuracy_threshold": 0.80, "tolerance": 0.0, "max_drop": 0.02, "alpha": 0.05, "max_invalid_rate": 0.05}
+# The toy answers in microseconds, so 8 requests in flight keep it busy; 64 cost three times the seconds in httpcore's
+# pool bookkeeping alone (it grows with the square of the connections). test_client asks at 32 under faults.
+CONCURRENCY = 8
 
 
 def _run(tmp_path, gsm8k_dir, candidate_args, recipe="vllm"):
     data = f"--data {gsm8k_dir}"
     cfg = GateConfig(model="toy", recipe=recipe, data=str(gsm8k_dir),
-                     client={"concurrency": 64, "timeout_s": 10, "progress": False}, gate=RULE,
+                     client={"concurrency": CONCURRENCY, "timeout_s": 10, "progress": False}, gate=RULE,
                      baseline=ServerSpec("baseline", command=f"{TOY} {data} --accuracy 0.90", health_path="/health",
                                          startup_timeout_s=60),
                      candidate=ServerSpec("candidate", command=f"{TOY} {data} {candidate_args}", health_path="/health",

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from reference import recipes
+from reference import exact, recipes
 from reference.exact import _exact_dots, round_scaled_int_to_fp32, rounded_mm
 from reference.moe import moe_terms, prepare_weights
 
@@ -82,6 +82,23 @@ def test_rounded_mm_is_blocking_independent(kind):
     view = misaligned[3:].view(301, 512)[1:]
     view.copy_(b)
     assert torch.equal(rounded_mm(a, view), whole)
+
+
+def test_the_cpu_blocks_of_the_weights_change_no_bit(monkeypatch):
+    """On a CPU the weights go through in blocks of rows (reference.exact.CPU_BLOCK_ELEMENTS): blocks of one row,
+    of a few and of all give the same bits, near ties (resolved by the exact sums) in every block included."""
+    gen = torch.Generator().manual_seed(12)
+    a, b = _operands("fp32", 16, 300, 512, seed=11)
+    ties = torch.tensor([[1.0, 2.0 ** -24, 2.0 ** -60], [1.0, 2.0 ** -24, -(2.0 ** -60)]])  # as in the test above
+    b_ties = torch.cat((torch.ones(300, 2), torch.randint(-1, 2, (300, 1), generator=gen).float()), 1)
+    for lhs, rhs in ((a, b), (ties, b_ties)):
+        whole = rounded_mm(lhs, rhs)
+        for elements in (1, 7 * rhs.shape[1], 128 * rhs.shape[1] + 1):
+            monkeypatch.setattr(exact, "CPU_BLOCK_ELEMENTS", elements)
+            assert torch.equal(rounded_mm(lhs, rhs), whole), f"blocks of {elements} elements"
+        monkeypatch.undo()
+    s, up = b_ties[:, 2], 1.0 + 2.0 ** -23  # 1 + 2^-24 (+-2^-60): up where the third product is positive, else even
+    assert torch.equal(whole, torch.stack((torch.where(s > 0, up, 1.0), torch.where(s < 0, up, 1.0))))
 
 
 @pytest.mark.parametrize("recipe", [recipes.BF16_WEIGHTS, recipes.FP32_EXACT, recipes.SM90_PULL_FP8_BLOCKWISE,
