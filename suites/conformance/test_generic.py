@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from fixtures import results
 from fixtures.checks import CHECKS, ConformanceFailure, check_oracle, check_textbook
-from fixtures.exact_check import CASES_PER_SUBJECT, check_exact
+from fixtures.exact_check import CASES_PER_SUBJECT, check_exact, exact_pool
 from fixtures.findings import expect_finding
 from fixtures.history import HistoryFailure
 from fixtures.geometries import MODELS, fits, layer_pool, model_layer, tile_layer, wide_layer
@@ -24,9 +24,10 @@ from fixtures.problem import PATTERN_TABLE, PATTERNS, BatchCase, LayerCase, Scen
 from fixtures.strategies import batch_cases, masked_pattern, scenarios
 
 
-def drawn(subject, data, **kw):
-    """A scenario inside the subject's capabilities; GPU subjects reuse a small pool of layers."""
-    layers = layer_pool(subject.caps, subject.ep_size) if subject.caps.device == "cuda" else None
+def drawn(subject, data, pool=lambda caps, layers: layers, **kw):
+    """A scenario inside the subject's capabilities; GPU subjects reuse a small pool of layers (``pool`` picks among
+    them)."""
+    layers = pool(subject.caps, layer_pool(subject.caps, subject.ep_size)) if subject.caps.device == "cuda" else None
     return data.draw(scenarios(subject.caps, subject.ep_size, layers=layers, **kw), label="scenario")
 
 
@@ -60,8 +61,9 @@ def test_check(subject, check, data, seed):
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_exact(subject, data, seed):
     """The exact-arithmetic case (fixtures.exact_check, docs/exact-cases.md) derived from a drawn scenario: the
-    implementation's output is the recipe's, bit for bit."""
-    check_exact(subject, drawn(subject, data, max_batches=1), seed)
+    implementation's output is the recipe's, bit for bit. A GPU subject draws among the pooled layers whose clamp the
+    case can keep, so it runs on a kernel the pool has built."""
+    check_exact(subject, drawn(subject, data, pool=exact_pool, max_batches=1), seed)
 
 
 _CHECKED_ON_CPU: set[str] = set()  # model-geometry tests of CPU subjects that have checked their batch

@@ -8,10 +8,15 @@ import dataclasses
 import pytest
 import torch
 
+from fixtures.checks import CHECKS  # before fixtures.exact_check, which registers itself in it
+from fixtures.exact_check import exact_pool, exact_scenario, keeps_clamp
 from fixtures.flashinfer.descriptors import DESCRIPTORS
 from fixtures.geometries import layer_pool, tile_layer, wide_layer
 from fixtures.implementation import load
-from fixtures.problem import LayerCase, make_weights
+from fixtures.problem import BatchCase, LayerCase, Scenario, make_weights
+from fixtures.runner import Subject
+from fixtures.selection import implementations_of
+from reference import exact_cases
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 GPU_SPECS = [d.impl_name for d in DESCRIPTORS if d.arch == "sm90"]
@@ -65,3 +70,28 @@ def test_threaded_weights_are_the_same_bits_as_one_expert_at_a_time():
 def test_tile_and_wide_differ_in_shape_for_cpu_subjects():
     caps = load("reference-ep").capabilities
     assert _shape(tile_layer(caps, 2)) != _shape(wide_layer(caps, 2))
+
+
+@pytest.mark.parametrize("spec", implementations_of({"sm90"}))
+@pytest.mark.parametrize("ep", [1, 2, 4, 8])
+def test_exact_cases_run_on_a_pool_shape(spec, ep):
+    """test_exact draws among the pooled layers whose clamp an exact case keeps (fixtures.exact_check.exact_pool),
+    so its case is a pool shape: no kernel compile of its own (H200 run 11: 14-35 s a test with the exact clamp of
+    its own, 2-4 s on a built shape). Only an implementation that cannot run unclamped brings the exact clamp, on
+    a pool layer's shape (its modules are prebuilt with it: fixtures/flashinfer/megamoe_modules.py)."""
+    assert not CHECKS["exact"].own_test, "test_exact (suites/conformance/test_generic.py) runs the exact check"
+    impl = load(spec)
+    caps = impl.capabilities
+    if ep not in caps.ep_sizes:
+        pytest.skip(f"{spec} does not run at EP{ep}")
+    pool = layer_pool(caps, ep)
+    kept = exact_pool(caps, pool)
+    subject = Subject(spec, impl, ep)
+    for layer in kept:
+        case = exact_scenario(subject, Scenario(layer, (BatchCase(tokens=(1,) * ep, seed=0),), ep), 5).layer
+        if all(keeps_clamp(caps, lay) for lay in kept):
+            assert case.clamp_limit == layer.clamp_limit
+            assert _shape(case) in {_shape(p) for p in pool}, f"{_shape(case)} is no pool shape of {spec} at EP{ep}"
+        else:
+            assert caps.clamp_when_none is not None and case.clamp_limit == exact_cases.CLAMP
+            assert _shape(case)[:5] in {_shape(p)[:5] for p in pool}
