@@ -8,6 +8,7 @@ from __future__ import annotations
 _NOV29 = "evidence/2026-11-29-"  # links into the logs of the first H200 day (FlashInfer 0.7.2.post1)
 _DEC01 = "evidence/2026-12-01-"  # links into the logs of runs 1-7 (FlashInfer 0.7.4 from run 3)
 _DEC02 = "evidence/2026-12-02-"  # links into the log of run 8, the nightly
+_DEC03 = "evidence/2026-12-03-"  # links into session 13's log
 
 H200_072 = _NOV29 + "h200-sm90.md"  # 0.7.2.post1's three SM90 kernels, EP1 to EP8; findings F1-F9
 RUN1 = _DEC01 + "h200-pytest-m-sm90.md"  # the README command on a fresh H200; F10
@@ -24,7 +25,9 @@ RUN10 = _DEC02 + "h200-run10-megamoe-exact.md"  # flashinfer.megamoe MXFP4 at EP
 SESSION11 = _DEC02 + "session11-cpu.md"  # the CPU tier with flashinfer.megamoe and the exact cases; F15-F17
 RUN11 = _DEC02 + "h200-run11-exact-every-backend.md"  # the exact cases on every SM90 backend; push_cake's wire
 SESSION12 = _DEC02 + "session12-cpu.md"  # the CPU tier at this session's end; each new check failing on broken input
-LOGS = (H200_072, RUN1, RUN2, RUN3, RUN4, RUN5, RUN6, RUN7, RUN8, RUN9, SESSION7, RUN10, SESSION11, RUN11, SESSION12)
+SESSION13 = _DEC03 + "session13.md"  # H200 run 12 (bash ci/test.sh -m sm90) and the CPU tier; megamoe's exact fault case
+LOGS = (H200_072, RUN1, RUN2, RUN3, RUN4, RUN5, RUN6, RUN7, RUN8, RUN9, SESSION7, RUN10, SESSION11, RUN11, SESSION12,
+        SESSION13)
 
 
 def _raw(day: str, run: str) -> str:
