@@ -6,7 +6,9 @@
 * ``docs/backends.md``: the FlashInfer backends, from ``fixtures/flashinfer/descriptors.py``;
 * ``docs/findings.md``: the findings, from ``fixtures/findings.py``;
 * the table of user settings between ``<!-- settings:begin -->`` and ``<!-- settings:end -->`` in ``README.md``,
-  and ``docs/settings.md`` (every setting), from ``fixtures/settings.py``.
+  and ``docs/settings.md`` (every setting), from ``fixtures/settings.py``;
+* the resolution table between ``<!-- resolution:begin -->`` and ``<!-- resolution:end -->`` in
+  ``docs/tolerances.md``, from each SM90 implementation's tolerance.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- settings:begin -->", "<!-- settings:end -->"
+RESOLUTION = ("<!-- resolution:begin -->", "<!-- resolution:end -->")
 EVIDENCE_PATH = re.compile(r"(?<![\w/.\[(])(evidence/[\w./-]*[\w/])")
 KERNELS_PAGE = "flashinfer-kernels.md"  # docs/: the FlashInfer facts the code cites as "kernels §N"
 KERNELS_SECTION = re.compile(r"kernels §(D?\d+(?:\.\d+)*)")
@@ -210,17 +213,38 @@ def _settings():
     return settings
 
 
-def fill_block(text: str, block: str, name: str) -> str:
-    """``text`` with the settings block replaced by ``block``."""
-    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
-        raise SystemExit(f"{name}: needs one {BEGIN} line followed by one {END} line around its settings table")
-    head, rest = text.split(BEGIN, 1)
-    return f"{head}{BEGIN}\n{block.strip()}\n{END}{rest.split(END, 1)[1]}"
+def fill_block(text: str, block: str, name: str, marks: tuple[str, str] = (BEGIN, END)) -> str:
+    """``text`` with the block between the two ``marks`` lines (the settings block by default) replaced."""
+    begin, end = marks
+    if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+        raise SystemExit(f"{name}: needs one {begin} line followed by one {end} line around its generated table")
+    head, rest = text.split(begin, 1)
+    return f"{head}{begin}\n{block.strip()}\n{end}{rest.split(end, 1)[1]}"
+
+
+def render_resolution() -> str:
+    """What each SM90 implementation's checks resolve: the statistics' uniform and one-expert scale errors, and
+    the exact check's bound on exact cases."""
+    from fixtures.implementation import load
+    from fixtures.selection import implementations_of
+    from reference.tolerances import EXACT_ULP_BOUNDS
+
+    rows = ["| implementation | statistics: uniform scale | statistics: one expert | exact cases |", "|---|---|---|---|"]
+    for name in implementations_of({"sm90"}):
+        caps = load(name).capabilities
+        s = caps.effective_tolerance.systematic
+        ulps = EXACT_ULP_BOUNDS.get(caps.recipe.name, 0)
+        exact = f"within {ulps} bf16 ulps" if ulps else "bit for bit"
+        rows.append(f"| `{name}` | {100 * s.resolution[0]:g}% | {100 * s.resolution[1]:g}% | {exact} |" if s else
+                    f"| `{name}` | (bitwise) | (bitwise) | {exact} |")
+    return "\n".join(rows)
 
 
 def targets(root: Path = ROOT) -> dict[Path, str]:
     """Each generated file and the text it should hold."""
     out = {root / "docs/backends.md": render_backends(), root / "docs/findings.md": render_findings()}
+    tolerances = root / "docs/tolerances.md"
+    out[tolerances] = fill_block(tolerances.read_text(), render_resolution(), "docs/tolerances.md", RESOLUTION)
     settings = _settings()
     if settings:
         readme = root / "README.md"
