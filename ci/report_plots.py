@@ -80,6 +80,7 @@ def rel_l2_figure(points: list[Point], tolerances: dict):
     for ax in axes.flat:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.minorticks_off()  # a log axis's minor ticks were most of a report's seconds (thousands of Tick objects)
         ax.tick_params(labelsize=6)
     fig.supxlabel("tokens in the output (one rank, one batch)", fontsize=8)
     fig.supylabel("relative L2", fontsize=8, x=0.004)
@@ -128,6 +129,7 @@ def strip_figure(stat: str, points: list[Point], tolerances: dict):
             elif bounds:
                 ax.plot([bounds[-1]] * 2, [y - 0.4, y + 0.4], color=BOUND, linewidth=1.2)
         ax.set_xscale("log")
+        ax.minorticks_off()
         ax.tick_params(labelsize=6)
     axes[0][0].set_yticks(range(len(impls)), impls, fontsize=6)
     axes[0][0].set_ylim(-0.7, len(impls) - 0.3)
