@@ -16,25 +16,22 @@ pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _start(folder: Path, impl: str, seed: int) -> subprocess.Popen:
+def _run(folder: Path, impl: str, seed: int) -> Path:
     # the dev profile draws from the seed (the ci profile would draw the same cases every time)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MOE_HYPOTHESIS_PROFILE": "dev", "MOE_HYPOTHESIS_EXAMPLES": "6"}
-    return subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--impl", impl, "--ep",
-                             "1,2", f"--hypothesis-seed={seed}", "--results-dir", str(folder),
-                             "suites/conformance/test_generic.py", "-k", "test_matches_reference"],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--impl", impl, "--ep", "1,2",
+                    f"--hypothesis-seed={seed}", "--results-dir", str(folder),
+                    "suites/conformance/test_generic.py", "-k", "test_matches_reference"],
+                   cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    return folder
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Three suite runs into their own folders, side by side (each waits on its rank pools part of the time)."""
     base = tmp_path_factory.mktemp("runs")
     spec = "reference-ep[sm90_pull_fp8_blockwise]"
-    jobs = {"clean": (spec, 1), "clean2": (spec, 2), "faulty": (f"faulty:scale_1e-2@{spec}", 1)}
-    started = {name: _start(base / name, impl, seed) for name, (impl, seed) in jobs.items()}
-    for process in started.values():
-        process.wait(timeout=900)
-    return {name: base / name for name in jobs}
+    return {"clean": _run(base / "clean", spec, 1), "clean2": _run(base / "clean2", spec, 2),
+            "faulty": _run(base / "faulty", f"faulty:scale_1e-2@{spec}", 1)}
 
 
 def _relabel(folder: Path, impl_from: str, impl_to: str) -> None:
