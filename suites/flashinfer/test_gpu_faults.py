@@ -77,13 +77,11 @@ def _exact_layer(name: str) -> LayerCase:
     return dataclasses.replace(exact_pool(caps, layer_pool(caps, 1))[-1], weight_seed=31)
 
 
-def _changed_by(fault: str, case: Scenario, recipe) -> int:
+def _changed_by(fault: str, case: Scenario, recipe, prepared) -> int:
     """How many elements of the exact case's answer (bf16, as the kernels return it) the fault changes, computed on
-    the CPU by the recipe: where none, the case cannot show the fault."""
+    the CPU by the recipe from the layer's ``prepared`` weights: where none, the case cannot show the fault."""
     layer = case.layer
-    w13, w2 = make_weights(layer)
     batch = make_batch(layer, case.batches[0], 1)
-    prepared = prepare_weights(w13, w2, recipe)
 
     def answer(w):
         terms = moe_terms(batch.hidden_states, batch.topk_ids, w, prepared, recipe)
@@ -100,11 +98,14 @@ def _visible_case(name: str, fault: str) -> tuple[Scenario, int]:
     0 around flashinfer.megamoe was seed 8's case, whose expert-0 routes the recipe's power-of-two FC2-input scales
     round back to the same codes (reference.evidence.SESSION13)."""
     spec = f"faulty:{fault}@{name}"
-    subject = Subject(spec, load(spec), 1)
+    subject, layer, prepared = Subject(spec, load(spec), 1), _exact_layer(name), {}
     for seed in range(8, 24):
-        scenario = Scenario(_exact_layer(name), (BatchCase(tokens=(8,), seed=seed),), 1, ("gpu-fault-exact",))
-        case = exact_scenario(subject, scenario, seed)
-        changed = _changed_by(fault, case, subject.recipe_for(case))
+        case = exact_scenario(subject, Scenario(layer, (BatchCase(tokens=(8,), seed=seed),), 1, ("gpu-fault-exact",)),
+                              seed)
+        recipe = subject.recipe_for(case)
+        if case.layer not in prepared:  # the weights depend on the layer alone: prepared once, not once a seed
+            prepared[case.layer] = prepare_weights(*make_weights(case.layer), recipe)
+        changed = _changed_by(fault, case, recipe, prepared[case.layer])
         if changed:
             return case, changed
     pytest.fail(f"fault {fault} changes {name}'s recipe answer on no exact case of batch seeds 8-23: it cannot be "
