@@ -22,7 +22,7 @@ from hypothesis import settings
 from fixtures import arch, cuda_health, host_threads, results, time_spent
 from fixtures.dist.inprocess import launched_by_torchrun
 from fixtures.dist.pool import close_all
-from fixtures.pool_order import pool_order, pool_subject
+from fixtures.pool_order import pool_order, pool_subject, worker_order
 from fixtures.selection import ep_skip_reason, selected_ep_sizes, selected_impls
 
 # The hypothesis profile is loaded by fixtures.options (fixtures.profiles), before this module is imported.
@@ -69,12 +69,15 @@ def pytest_collection_modifyitems(config, items):
     # Every test of one rank pool (EP size and kernel tree: FlashInfer's SM90 pull kernels share one) together,
     # EP1 first: the pool and its compiled kernels stay warm instead of restarting whenever the next test names
     # another backend, and larger EP sizes compare with EP1's results. Under ``-n N --dist loadgroup``
-    # (MOE_WORKERS=N bash ci/test.sh) each pool's tests, and each module of other tests (module-scoped GPU
-    # layers), run on one worker.
-    items.sort(key=pool_order)
+    # (ci/test.sh on a GPU host, ci/workers.py) each implementation's tests, EP1 first, and each module of other
+    # tests (module-scoped GPU layers), run on one worker.
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        items.sort(key=worker_order)
+    else:
+        items.sort(key=pool_order)
     for item in items:
-        ep, pool, _ = pool_order(item)
-        item.add_marker(pytest.mark.xdist_group(f"{pool}@EP{ep}" if pool else item.module.__name__))
+        spec = worker_order(item)[0]
+        item.add_marker(pytest.mark.xdist_group(spec or item.module.__name__))
     for item in items:
         for tag in arch.ARCH_MARKERS:
             if item.get_closest_marker(tag):

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The project's own tests, set-up included: the README's test command, and what .ci/run calls.
 # On a CPU machine every GPU test skips with its reason; the CPU tier runs reference-ep at EP1/2/4/8.
-# One pytest process by default, as a user's `pytest -m sm90`. MOE_WORKERS=N on a GPU host spreads the
-# run over N pytest-xdist workers, each (backend, EP size) on one worker so its rank pool stays warm
-# (opt-in: on 2026-12-01, 4 workers on one H200 ran the card out of memory).
+# On a GPU host the run is spread over pytest-xdist workers, each implementation on one worker (ci/workers.py
+# sizes them; MOE_WORKERS=0 keeps one process, as a plain `pytest -m sm90`). A CPU machine runs one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py="$(bash ci/setup.sh)"
@@ -14,12 +13,14 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 # options unregistered ("unrecognized arguments: --results-dir", H200, 2026-12-01, ci.nightly).
 where=(--rootdir "$PWD" -c "$PWD/pytest.ini")
 spread=()
-if [ "${MOE_WORKERS:-0}" != 0 ] && ! [[ " $* " =~ " -n"|" --numprocesses"|"no:xdist" ]] \
-   && "$py" -c 'import sys, torch, xdist; sys.exit(0 if torch.cuda.device_count() else 1)' 2>/dev/null; then
+# pytest-xdist workers (ci/workers.py: MOE_WORKERS, by default sized by the GPU host; 0 on a CPU machine). An
+# invalid MOE_WORKERS runs one process, and pytest's start-of-run check names it (fixtures.options).
+workers="$("$py" -m ci.workers 2>/dev/null || echo 0)"
+if [ "$workers" != 0 ] && ! [[ " $* " =~ " -n"|" --numprocesses"|"no:xdist" ]]; then
   # A replacement for a crashed worker parses the command line before any conftest or ini is found
   # (H200, 2026-12-01: every replacement died on "unrecognized arguments: --results-dir"): name the
   # options plugin, the ini and the rootdir explicitly.
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-  spread=(-n "$MOE_WORKERS" --dist loadgroup -p fixtures.options)
+  spread=(-n "$workers" --dist loadgroup -p fixtures.options)
 fi
 exec "$py" -m pytest "${where[@]}" "${spread[@]}" "$@"

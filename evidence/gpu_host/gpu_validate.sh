@@ -54,11 +54,16 @@ for phase in "$@"; do
   product)
     stamp "bash ci/test.sh -m $arch ${PRODUCT_ARGS:-}" | tee -a "$out/product.log"
     start=$(date +%s)
+    # the GPU's memory and load every 5 s beside it: what sizes the workers (ci/workers.py)
+    nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader -l 5 \
+      > "$out/gpu-memory.csv" 2>/dev/null & sampler=$!
     # shellcheck disable=SC2086
     # SIGINT first: pytest then writes its summary and the JUnit file of what ran
     timeout -s INT -k 60 "${PRODUCT_TIMEOUT:-3000}" bash ci/test.sh -m "$arch" --results-dir "$out/results" \
       --junitxml "$out/junit.xml" --durations=25 ${PRODUCT_ARGS:-} >> "$out/product.log" 2>&1
     echo "exit $? after $(( $(date +%s) - start ))s" | tee -a "$out/product.log"
+    kill "$sampler" 2>/dev/null
+    sort -t, -k2 -n "$out/gpu-memory.csv" | tail -n 1 | sed 's/^/most GPU memory used: /' | tee -a "$out/product.log"
     tail -n 5 "$out/product.log" ;;
   bench)
     stamp bench | tee -a "$out/bench.log"

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -46,18 +47,42 @@ print("COUNTS " + json.dumps({**cute_dsl_cache.COUNTS, "same": same}), flush=Tru
 """
 
 
-def _run(folder: Path, constants: list, offset: int = 0, cache: str = "1") -> tuple[dict, list[str]]:
-    """Runs the program (from a file: CuTe DSL reads a function's source) with the cache folder ``folder``."""
-    program = folder.parent / f"cute_program_{offset}.py"
-    program.write_text(f"OFFSET = {offset}\n" + _PROGRAM)
+# Makes this process's first real compile slow, after it has missed the folder (the lock test's first rank).
+_SLOW_FIRST_COMPILE = """
+import os, time
+from cutlass.base_dsl.compile_backend import CompilerBackend
+_miss = CompilerBackend._record_cache_miss
+def _slow_miss(self, ctx):
+    open(os.environ["COMPILING"], "w").close()
+    time.sleep(float(os.environ["SLOW"]))
+    return _miss(self, ctx)
+CompilerBackend._record_cache_miss = _slow_miss
+"""
+
+
+def _start(folder: Path, constants: list, offset: int = 0, cache: str = "1", slow: Path | None = None):
+    """Starts the program (from a file: CuTe DSL reads a function's source) with the cache folder ``folder``;
+    with ``slow``, its first compile touches that file and then takes 4 s."""
+    program = folder.parent / f"cute_program_{offset}{'_slow' if slow else ''}.py"
+    text = _PROGRAM.replace("import cutlass, cutlass.cute as cute\n",
+                            "import cutlass, cutlass.cute as cute\n" + (_SLOW_FIRST_COMPILE if slow else ""))
+    program.write_text(f"OFFSET = {offset}\n" + text)
     env = {**os.environ, "CUTE_DSL_CACHE_DIR": str(folder), settings.CUTE_DSL_CACHE.name: cache,
-           "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, str(program), json.dumps(constants)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    lines = done.stdout.splitlines()
+           "PYTHONPATH": str(ROOT), "COMPILING": str(slow or ""), "SLOW": "4"}
+    return subprocess.Popen([sys.executable, str(program), json.dumps(constants)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(started) -> tuple[dict, list[str]]:
+    out, err = started.communicate(timeout=240)
+    assert started.returncode == 0, err[-3000:]
+    lines = out.splitlines()
     counts = json.loads(next(line for line in lines if line.startswith("COUNTS "))[7:])
     return counts, [line for line in lines if line.startswith("sum ")]
+
+
+def _run(folder: Path, constants: list, offset: int = 0, cache: str = "1") -> tuple[dict, list[str]]:
+    return _finish(_start(folder, constants, offset, cache))
 
 
 def test_one_compile_per_traced_function_and_a_second_process_reads_the_folder(tmp_path):
@@ -74,6 +99,23 @@ def test_one_compile_per_traced_function_and_a_second_process_reads_the_folder(t
 
     counts, sums = _run(tmp_path, [1, 2], offset=100)  # same name, another body: another hash, compiled anew
     assert sums == ["sum 108", "sum 109"] and counts["compiled"] == 2 and counts["from_file"] == 0, counts
+
+
+def test_two_processes_compiling_one_kernel_at_once_compile_it_once(tmp_path):
+    """As the ranks of a pool do: the second waits on the hash's lock while the first compiles, then reads the
+    module from the folder. Without the lock the second misses the still-empty folder and compiles too."""
+    folder, compiling = tmp_path / "cache", tmp_path / "compiling"
+    first = _start(folder, [1], slow=compiling)
+    deadline = time.monotonic() + 120
+    while not compiling.exists():
+        assert first.poll() is None and time.monotonic() < deadline, "the first process never began its compile"
+        time.sleep(0.05)
+    second_counts, second_sums = _run(folder, [1])
+    first_counts, first_sums = _finish(first)
+    assert first_sums == second_sums == ["sum 8"]
+    assert first_counts["compiled"] == 1 and first_counts["waited"] == 0, first_counts
+    assert second_counts["compiled"] == 0 and second_counts["from_file"] == 1, second_counts
+    assert second_counts["waited"] == 1 and second_counts["lock_timeouts"] == 0, second_counts
 
 
 def test_off_compiles_every_time_and_the_header_says_so(tmp_path, monkeypatch):

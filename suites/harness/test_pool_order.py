@@ -3,6 +3,7 @@ implementation by a parameter sorts with that implementation's ``subject`` tests
 its compiled kernels are started once, not again each time the next test names another backend."""
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 
 import pytest
@@ -43,3 +44,18 @@ def test_rank_pool_tests_sort_with_their_pools_subject_tests():
                                "rank_pool by path"}, order
     ep2 = order[6:]
     assert set(ep2) == {"faulty EP2 subject", "reference EP2 subject", "rank_pool by name at EP2"}, order
+
+
+def test_under_xdist_each_implementation_is_one_run_of_tests_ep1_first():
+    """worker_order (conftest.py under pytest-xdist, a group per implementation): every implementation's tests
+    together, EP sizes ascending, so a worker keeps EP1's output for the EP invariance test."""
+    specs = ["reference-ep", "faulty:rank_zeroed"]
+    items = [_Item(f"{spec} EP{ep} #{n}", _subject(spec, ep)) for n in range(2) for ep in (8, 2, 4, 1)
+             for spec in specs] + [_Item("no pool", {})]
+    order = sorted(items, key=root.worker_order)
+    assert order[0].label == "no pool", [i.label for i in order]
+    runs = [spec for spec, _ in itertools.groupby(root.worker_order(i)[0] for i in order[1:])]
+    assert sorted(runs) == sorted(specs), runs  # one contiguous run per implementation
+    for spec in specs:
+        eps = [root.worker_order(i)[1] for i in order if root.worker_order(i)[0] == spec]
+        assert eps == sorted(eps) == [1, 1, 2, 2, 4, 4, 8, 8], (spec, eps)
