@@ -1,12 +1,12 @@
 """How many pytest-xdist workers ``bash ci/test.sh`` spreads a run over; prints the number (0: one pytest process).
 
-    python -m ci.workers      # MOE_WORKERS if set, else sized by this host
+    python -m ci.workers      # MOE_WORKERS (default 0: one process); ci/test.sh asks it when that is set
 
-``MOE_WORKERS=auto`` (the default) sizes it by the host: no GPU or no pytest-xdist, one process (the CPU tier is bound
-by its CPU: reference.evidence.SESSION13); on a GPU host, one worker per ``CORES_PER_WORKER`` cores and per
-``GIB_PER_WORKER`` free on the emptiest GPU, at most ``MOST``, and one process where that makes fewer than two.
-Each worker takes whole implementations (conftest.py), so their CuTe DSL compiles, pool starts and checks run side
-by side where one process would run them one after another.
+``MOE_WORKERS=auto`` sizes it by the host: no GPU or no pytest-xdist, one process; on a GPU host, one worker per
+``CORES_PER_WORKER`` cores and per ``GIB_PER_WORKER`` free on the emptiest GPU, at most ``MOST``, and one process
+where that makes fewer than two. Each worker takes whole implementations (conftest.py). It is not the default:
+three workers on one H200 filled its memory, saved no time, and failed cases that one process passes
+(reference.evidence.SESSION14).
 """
 from __future__ import annotations
 

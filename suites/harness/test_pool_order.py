@@ -59,3 +59,21 @@ def test_under_xdist_each_implementation_is_one_run_of_tests_ep1_first():
     for spec in specs:
         eps = [root.worker_order(i)[1] for i in order if root.worker_order(i)[0] == spec]
         assert eps == sorted(eps) == [1, 1, 2, 2, 4, 4, 8, 8], (spec, eps)
+
+
+def test_impl_deselects_gpu_tests_about_another_implementation():
+    """``--impl A``: a GPU test that names B by a parameter (the fault wrappers' ``name``, a behaviour test's
+    descriptor) is deselected; A's, and CPU tests, stay."""
+    import conftest
+    from fixtures.selection import implementations_of
+
+    a, b = implementations_of({"sm90"})[:2]
+    items = [_Item("A faults", {"name": a}, ["rank_pool", "sm90"]), _Item("B faults", {"name": b}, ["rank_pool", "sm90"]),
+             _Item("B behaviour", {"built": SimpleNamespace(impl_name=b)}, ["sm90"]),
+             _Item("B on the CPU", {"name": b}, ["rank_pool"]), _Item("about no one", {}, ["sm90"])]
+    dropped = []
+    config = SimpleNamespace(getoption=lambda name: [a] if name == "--impl" else None,
+                             hook=SimpleNamespace(pytest_deselected=lambda items: dropped.extend(items)))
+    conftest._deselect_other_implementations(config, items)
+    assert [i.label for i in items] == ["A faults", "B on the CPU", "about no one"], [i.label for i in items]
+    assert [i.label for i in dropped] == ["B faults", "B behaviour"]

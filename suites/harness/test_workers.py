@@ -1,6 +1,7 @@
-"""ci/workers.py: how many pytest-xdist workers ci/test.sh uses. One process on a CPU machine or a small GPU
-host; on a GPU host one worker per 4 cores and 40 GiB free, at most 4; MOE_WORKERS wins, and an invalid value is
-one line. In a worker, rank pools follow fixtures.dist.pool's rules for a shared host."""
+"""ci/workers.py: how many pytest-xdist workers ci/test.sh uses. One process by default; MOE_WORKERS=N asks for N,
+and auto sizes them: one process on a CPU machine or a small GPU host, else one worker per 4 cores and 40 GiB free,
+at most 4. An invalid value is one line. In a worker, rank pools follow fixtures.dist.pool's rules for a shared
+host."""
 from __future__ import annotations
 
 import os
@@ -46,10 +47,15 @@ def test_the_setting_wins_and_an_invalid_one_is_one_line():
     assert done.stderr.count("\n") == 1 and "MOE_WORKERS='-1': expected auto, or an integer >= 0" in done.stderr
 
 
+def test_one_process_unless_asked():
+    done = _run(None)
+    assert (done.returncode, done.stdout) == (0, "0\n"), done
+
+
 @pytest.mark.skipif(bool(workers.host()), reason="this machine has a GPU: auto sizes workers here")
 def test_auto_is_one_process_without_a_gpu():
     assert workers.host() is None
-    for value in (None, "auto"):
+    for value in ("auto",):
         done = _run(value)
         assert (done.returncode, done.stdout) == (0, "0\n"), done
 
