@@ -39,8 +39,6 @@ from collections import defaultdict
 from pathlib import Path
 from xml.etree import ElementTree
 
-from scipy.stats import mannwhitneyu
-
 from ci import cli, time_budget
 from fixtures.results import case_records, expected_by_its_test, junit_outcomes, latency_rows, records
 
@@ -202,6 +200,8 @@ def compare(old: Path, new: Path) -> tuple[int, list[str]]:
         if len(a) < 3 or len(b) < 3:
             report.append(f"{key[0]} EP{key[1]}: too few checks to compare ({len(a)}, {len(b)})")
             continue
+        from scipy.stats import mannwhitneyu  # here: scipy.stats is ~1 s of imports a usage error need not pay
+
         p = mannwhitneyu(b, a, alternative="greater").pvalue
         med_a, med_b = statistics.median(a), statistics.median(b)
         shifted = p < P_VALUE and med_b > MEDIAN_RATIO * med_a + 1e-6

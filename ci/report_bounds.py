@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from fixtures.implementation import load
 from fixtures.results import case_records, tolerance_fields
-from fixtures.systematic import t_multiplier
-from reference.numerics import Systematic, Tolerance
+
+if TYPE_CHECKING:
+    from reference.numerics import Tolerance
 
 # statistic -> (label, whether its bound is a lower one)
 STATISTICS = {"rel_l2": ("relative L2", False), "cosine": ("cosine", True),
@@ -45,6 +46,8 @@ def tolerances_from(cases) -> dict[str, dict | None]:
 
 
 def _effective_tolerance(impl: str) -> dict | None:
+    from fixtures.implementation import load  # here: it imports torch (~2 s), which a usage error need not pay
+
     try:
         return tolerance_fields(load(impl).capabilities.effective_tolerance)
     except (LookupError, ValueError, TypeError):  # a plugin not importable here, a name that no longer resolves
@@ -53,6 +56,8 @@ def _effective_tolerance(impl: str) -> dict | None:
 
 def as_tolerance(fields: dict) -> Tolerance:
     """A record's tolerance fields as the Tolerance they were written from (its reasons left out)."""
+    from reference.numerics import Systematic, Tolerance  # here: torch's import (~2 s) only where records are read
+
     systematic = fields.get("systematic")
     return Tolerance(**{**fields, "systematic": Systematic(**{**systematic, "resolution": tuple(
         systematic["resolution"])}) if systematic else None})
@@ -68,6 +73,8 @@ def _rows(scenario: str, batch, rank) -> int | None:
 
 def points(cases: list, tolerances: dict[str, dict | None] | None = None) -> list[Point]:
     """Every figure of the per-case records ``cases`` (fixtures.results.CaseRecord) with its bound."""
+    from fixtures.systematic import t_multiplier  # here, as reference.numerics above
+
     tolerances = tolerances_from(cases) if tolerances is None else tolerances
     out = []
     for rec in cases:

@@ -9,13 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import importlib.util
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 from tqdm import tqdm
+
+# httpcore tries `import sniffio` on every request; where it is not installed (anyio 4.16 no longer needs it) each
+# failed import searches all of sys.path again (~1 ms a request). Record it as absent once: the same ImportError.
+if importlib.util.find_spec("sniffio") is None:
+    sys.modules.setdefault("sniffio", None)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,6 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 
-from scipy.stats import binomtest
-
 from gates.gsm8k.dataset import Problem
 from gates.gsm8k.extract import EXTRACTORS, is_correct
 
@@ -89,6 +87,8 @@ def mcnemar_worse_p(worse: int, better: int) -> float:
     """One-sided exact McNemar: P(at least ``worse`` of the discordant pairs go against the candidate)."""
     if worse + better == 0:
         return 1.0
+    from scipy.stats import binomtest  # here: scipy.stats is ~1 s of imports a config error need not pay
+
     return binomtest(worse, worse + better, 0.5, alternative="greater").pvalue
 
 

@@ -22,6 +22,27 @@ NIGHT = ROOT / RAW_RUN8 / "night"
 PLANTED = "test_matches_reference[sm90_fp8_fp8_bf16_push_cuda-EP1]"
 
 
+_DRAWN: dict = {}  # the case records' repr -> (the folder first drawn into, its PNGs)
+
+
+@pytest.fixture(autouse=True)
+def _plots_drawn_once(monkeypatch):
+    """Run 8's plots (~5 s of matplotlib a report) drawn once, then copied: every report here has the same case
+    records, and what this file checks is the text around them (test_report.py checks the plots)."""
+    draw = report.plots
+
+    def plots(cases: list, out: Path) -> list[Path]:
+        key = repr(cases)
+        if key not in _DRAWN:
+            _DRAWN[key] = (out, draw(cases, out))
+        first, pngs = _DRAWN[key]
+        if out != first:
+            shutil.copytree(first, out, dirs_exist_ok=True)
+        return [out / png.relative_to(first) for png in pngs]
+
+    monkeypatch.setattr(report, "plots", plots)
+
+
 def _head(md: Path) -> list[str]:
     """The lines before the matrix."""
     return md.read_text().split("## Outcome per backend and EP size", 1)[0].splitlines()
