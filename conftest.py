@@ -20,11 +20,10 @@ import torch
 from hypothesis import settings
 
 from fixtures import arch, cuda_health, host_threads, results, time_spent
-from fixtures import settings as moe_settings
 from fixtures.dist.inprocess import launched_by_torchrun
 from fixtures.dist.pool import close_all
-from fixtures.pool_order import named_implementation, pool_order, pool_subject, worker_order
-from fixtures.selection import ep_skip_reason, selected_ep_sizes, selected_impls
+from fixtures.pool_order import pool_order, pool_subject, worker_order
+from fixtures.selection import deselect_other_implementations, ep_skip_reason, selected_ep_sizes, selected_impls
 
 # The hypothesis profile is loaded by fixtures.options (fixtures.profiles), before this module is imported.
 _UNDER_TORCHRUN = launched_by_torchrun()
@@ -72,7 +71,7 @@ def pytest_collection_modifyitems(config, items):
     # another backend, and larger EP sizes compare with EP1's results. Under ``-n N --dist loadgroup``
     # (ci/test.sh on a GPU host, ci/workers.py) each implementation's tests, EP1 first, and each module of other
     # tests (module-scoped GPU layers), run on one worker.
-    _deselect_other_implementations(config, items)
+    deselect_other_implementations(config, items)
     if "PYTEST_XDIST_WORKER" in os.environ:
         items.sort(key=worker_order)
     else:
@@ -86,20 +85,6 @@ def pytest_collection_modifyitems(config, items):
                 reason = arch.skip_reason(tag)
                 if reason:
                     item.add_marker(pytest.mark.skip(reason=reason))
-
-
-def _deselect_other_implementations(config, items) -> None:
-    """With ``--impl`` (or MOE_CONFORMANCE_IMPL) given, a GPU test about another implementation (the fault
-    wrappers, behaviour and prerequisite tests name theirs by a parameter) is deselected, as subject tests are."""
-    if not (config.getoption("--impl") or moe_settings.CONFORMANCE_IMPL.get()):
-        return
-    chosen = set(selected_impls(config))
-    other = [item for item in items if any(item.get_closest_marker(tag) for tag in arch.ARCH_MARKERS)
-             and named_implementation(item) not in (None, *chosen)]
-    if other:
-        config.hook.pytest_deselected(items=other)
-        dropped = set(other)
-        items[:] = [item for item in items if item not in dropped]
 
 
 @pytest.fixture(autouse=True)

@@ -64,8 +64,7 @@ def test_under_xdist_each_implementation_is_one_run_of_tests_ep1_first():
 def test_impl_deselects_gpu_tests_about_another_implementation():
     """``--impl A``: a GPU test that names B by a parameter (the fault wrappers' ``name``, a behaviour test's
     descriptor) is deselected; A's, and CPU tests, stay."""
-    import conftest
-    from fixtures.selection import implementations_of
+    from fixtures.selection import deselect_other_implementations, implementations_of
 
     a, b = implementations_of({"sm90"})[:2]
     items = [_Item("A faults", {"name": a}, ["rank_pool", "sm90"]), _Item("B faults", {"name": b}, ["rank_pool", "sm90"]),
@@ -74,6 +73,6 @@ def test_impl_deselects_gpu_tests_about_another_implementation():
     dropped = []
     config = SimpleNamespace(getoption=lambda name: [a] if name == "--impl" else None,
                              hook=SimpleNamespace(pytest_deselected=lambda items: dropped.extend(items)))
-    conftest._deselect_other_implementations(config, items)
+    deselect_other_implementations(config, items)
     assert [i.label for i in items] == ["A faults", "B on the CPU", "about no one"], [i.label for i in items]
     assert [i.label for i in dropped] == ["B faults", "B behaviour"]
