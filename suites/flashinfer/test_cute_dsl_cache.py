@@ -47,28 +47,43 @@ print("COUNTS " + json.dumps({**cute_dsl_cache.COUNTS, "same": same}), flush=Tru
 """
 
 
-# Makes this process's first real compile slow, after it has missed the folder (the lock test's first rank).
+# The lock test's first rank: its first real compile, after it has missed the folder, touches COMPILING and then
+# waits (at most 30 s) for the second process to say it is waiting for the lock.
 _SLOW_FIRST_COMPILE = """
 import os, time
 from cutlass.base_dsl.compile_backend import CompilerBackend
 _miss = CompilerBackend._record_cache_miss
 def _slow_miss(self, ctx):
     open(os.environ["COMPILING"], "w").close()
-    time.sleep(float(os.environ["SLOW"]))
+    deadline = time.monotonic() + 30
+    while not os.path.exists(os.environ["WAITING"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
     return _miss(self, ctx)
 CompilerBackend._record_cache_miss = _slow_miss
 """
+# The second: touches WAITING when it starts to wait for another process's compile.
+_SAYS_IT_WAITS = """
+import os
+class _Counts(dict):
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        if key == "waited":
+            open(os.environ["WAITING"], "w").close()
+cute_dsl_cache.COUNTS = _Counts(cute_dsl_cache.COUNTS)
+"""
 
 
-def _start(folder: Path, constants: list, offset: int = 0, cache: str = "1", slow: Path | None = None):
-    """Starts the program (from a file: CuTe DSL reads a function's source) with the cache folder ``folder``;
-    with ``slow``, its first compile touches that file and then takes 4 s."""
-    program = folder.parent / f"cute_program_{offset}{'_slow' if slow else ''}.py"
-    text = _PROGRAM.replace("import cutlass, cutlass.cute as cute\n",
-                            "import cutlass, cutlass.cute as cute\n" + (_SLOW_FIRST_COMPILE if slow else ""))
+def _start(folder: Path, constants: list, offset: int = 0, cache: str = "1", signals: Path | None = None,
+           first: bool = False):
+    """Starts the program (from a file: CuTe DSL reads a function's source) with the cache folder ``folder``; with
+    ``signals`` (a folder), as the lock test's first (``first``) or second process."""
+    program = folder.parent / f"cute_program_{offset}{'_first' if first else '_second' if signals else ''}.py"
+    hook = (_SLOW_FIRST_COMPILE if first else _SAYS_IT_WAITS) if signals else ""
+    text = _PROGRAM.replace("import cutlass, cutlass.cute as cute\n", "import cutlass, cutlass.cute as cute\n" + hook)
     program.write_text(f"OFFSET = {offset}\n" + text)
     env = {**os.environ, "CUTE_DSL_CACHE_DIR": str(folder), settings.CUTE_DSL_CACHE.name: cache,
-           "PYTHONPATH": str(ROOT), "COMPILING": str(slow or ""), "SLOW": "4"}
+           "PYTHONPATH": str(ROOT), "COMPILING": str(signals / "compiling" if signals else ""),
+           "WAITING": str(signals / "waiting" if signals else "")}
     return subprocess.Popen([sys.executable, str(program), json.dumps(constants)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -103,19 +118,43 @@ def test_one_compile_per_traced_function_and_a_second_process_reads_the_folder(t
 
 def test_two_processes_compiling_one_kernel_at_once_compile_it_once(tmp_path):
     """As the ranks of a pool do: the second waits on the hash's lock while the first compiles, then reads the
-    module from the folder. Without the lock the second misses the still-empty folder and compiles too."""
-    folder, compiling = tmp_path / "cache", tmp_path / "compiling"
-    first = _start(folder, [1], slow=compiling)
+    module from the folder. The first holds its compile until the second says it waits (at most 30 s): without the
+    lock the second never waits, misses the still-empty folder and compiles too."""
+    folder, signals = tmp_path / "cache", tmp_path
+    first = _start(folder, [1], signals=signals, first=True)
     deadline = time.monotonic() + 120
-    while not compiling.exists():
+    while not (signals / "compiling").exists():
         assert first.poll() is None and time.monotonic() < deadline, "the first process never began its compile"
         time.sleep(0.05)
-    second_counts, second_sums = _run(folder, [1])
+    second_counts, second_sums = _finish(_start(folder, [1], signals=signals))
     first_counts, first_sums = _finish(first)
     assert first_sums == second_sums == ["sum 8"]
     assert first_counts["compiled"] == 1 and first_counts["waited"] == 0, first_counts
     assert second_counts["compiled"] == 0 and second_counts["from_file"] == 1, second_counts
     assert second_counts["waited"] == 1 and second_counts["lock_timeouts"] == 0, second_counts
+
+
+def test_a_lock_held_too_long_or_a_folder_without_locks_compiles_without_one(tmp_path, monkeypatch, capsys):
+    """The wait is bounded (a third of MOE_JIT_TIMEOUT) and names the holder; a folder that takes no lock
+    (here a file where the folder should be) does not stop the compile. Each says so on stderr and in COUNTS."""
+    import filelock
+
+    monkeypatch.setenv(cute_dsl_cache.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv(settings.JIT_TIMEOUT.name, "0.3")
+    held = filelock.FileLock(str(cute_dsl_cache._lock_path("abc")))
+    cute_dsl_cache._lock_path("abc").parent.mkdir(parents=True)
+    cute_dsl_cache._lock_path("abc").with_suffix(".holder").write_text("4242")
+    before = dict(cute_dsl_cache.COUNTS)
+    with held, cute_dsl_cache._only_compiler_of("abc"):
+        pass
+    assert cute_dsl_cache.COUNTS["lock_timeouts"] == before["lock_timeouts"] + 1
+    assert "pid 4242 held its lock for 0 s; compiling without it" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(cute_dsl_cache.ENV_DIR, str(tmp_path / "file"))
+    with cute_dsl_cache._only_compiler_of("abc"):
+        pass
+    assert cute_dsl_cache.COUNTS["lock_unavailable"] == before["lock_unavailable"] + 1
+    assert "compile lock unavailable" in capsys.readouterr().err
 
 
 def test_off_compiles_every_time_and_the_header_says_so(tmp_path, monkeypatch):

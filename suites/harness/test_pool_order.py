@@ -76,3 +76,15 @@ def test_impl_deselects_gpu_tests_about_another_implementation():
     deselect_other_implementations(config, items)
     assert [i.label for i in items] == ["A faults", "B on the CPU", "about no one"], [i.label for i in items]
     assert [i.label for i in dropped] == ["B faults", "B behaviour"]
+
+
+@pytest.mark.parametrize("given", ["faulty:scale_1e-2@{a}", "{a}+cuda_graph=True"])
+def test_a_wrapped_or_configured_spec_keeps_its_backends_gpu_tests(given):
+    from fixtures.selection import deselect_other_implementations, implementations_of
+
+    a, b = implementations_of({"sm90"})[:2]
+    items = [_Item("A faults", {"name": a}, ["rank_pool", "sm90"]), _Item("B faults", {"name": b}, ["rank_pool", "sm90"])]
+    config = SimpleNamespace(getoption=lambda name: [given.format(a=a)] if name == "--impl" else None,
+                             hook=SimpleNamespace(pytest_deselected=lambda items: None))
+    deselect_other_implementations(config, items)
+    assert [i.label for i in items] == ["A faults"]
