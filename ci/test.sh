@@ -9,13 +9,6 @@ cd "$(dirname "$0")/.."
 py="$(bash ci/setup.sh)"
 export MOE_HYPOTHESIS_PROFILE="${MOE_HYPOTHESIS_PROFILE:-ci}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# With PYTHONDONTWRITEBYTECODE set (as on this project's CI), every pytest process the tests start rewrites and
-# compiles its plugins' modules again (hypothesis's ~100: 1.7 s a process, reference.evidence.SESSION14). Keep the
-# bytecode, in a cache outside the checkout, as that setting wants the tree left clean.
-if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ] && [ -z "${PYTHONPYCACHEPREFIX:-}" ]; then
-  unset PYTHONDONTWRITEBYTECODE
-  export PYTHONPYCACHEPREFIX="${XDG_CACHE_HOME:-$HOME/.cache}/moe-conformance/pycache"
-fi
 # The ini and rootdir named: pytest looks for them from its path arguments, and a results folder that
 # already exists outside the checkout (--results-dir /tmp/run) would be taken for one, leaving the suite's
 # options unregistered ("unrecognized arguments: --results-dir", H200, 2026-12-01, ci.nightly).
