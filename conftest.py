@@ -122,8 +122,9 @@ def pytest_sessionstart(session):
 def pytest_runtest_protocol(item, nextitem):
     """Each test's wall time and its parts (fixtures.time_spent), grouped as its rank pool, for ci.time_budget."""
     time_spent.take()
-    started = time.monotonic()
+    started, own = time.monotonic(), time_spent.cute_dsl_counts()  # this process's compiles (in-process GPU tests)
     yield
+    time_spent.count_cute_dsl({k: n - own.get(k, 0) for k, n in time_spent.cute_dsl_counts().items()})
     spec, _, ep = pool_subject(item) or ("", None, 0)
     time_spent.finish(item.nodeid, spec, ep, time.monotonic() - started)
 

@@ -42,10 +42,6 @@ NO_IMPL = ("", 0)  # the row of tests that run on no implementation's rank pool
 # the rebuild and a second more is a compile, never a large layer's weights.
 COMPILE_RATIO = 2.0
 COMPILE_EXCESS_S = 1.0
-# ci.compare_runs warns where an implementation and EP size took longer: run 8 and run 9 (H200, the same tests) differed
-# per row by x0.73-x1.10 (reference.evidence.RAW_RUN8, RAW_RUN9), 1.5x is beyond either direction (1 / 0.73 = 1.37)
-GROWTH = 1.5
-GROWTH_FLOOR_S = 5.0  # and by more than this: a row of a few seconds (a CPU subject's) moves by more on a busy host
 _SUBJECT = re.compile(r"\[(?P<impl>.+?)-EP(?P<ep>\d+)")  # a subject's test id, as fixtures.progress groups them
 
 
@@ -72,6 +68,7 @@ class Budget:
     busy: float  # the tests' time on each session's busiest worker
     source: str
     startup: float = 0.0  # the sessions' processes' time before pytest's clock (imports, plugins)
+    cute_dsl: dict = field(default_factory=dict)  # CuTe DSL compile counts, summed (fixtures.flashinfer.cute_dsl_cache)
 
     @property
     def outside(self) -> float:
@@ -155,7 +152,11 @@ def from_test_records(folder: Path, since: float = 0.0, session=None) -> Budget 
             if inside:  # a session that ran no test (--collect-only) is no part of the budget
                 end = end if end is not None else max(t.time for t in inside)
                 wall, busy, startup = wall + end - start, busy + _busy(inside), startup + up
-    return Budget(tally(tests), wall, busy, "the per-test records", startup)
+    counts: dict = defaultdict(int)
+    for r in rows:
+        for k, n in r.get("cute_dsl", {}).items():
+            counts[k] += n
+    return Budget(tally(tests), wall, busy, "the per-test records", startup, dict(counts))
 
 
 def _junit(folder: Path) -> tuple[list[tuple[str, float]], float]:
@@ -214,12 +215,26 @@ def _session_line(b: Budget) -> str:
             f"{b.outside:.1f} s outside tests (collection, shutdown); from {b.source}")
 
 
+def _cute_dsl_line(b: Budget) -> list[str]:
+    """What the CuTe DSL compile-only requests of every process came to; none where there were none (CPU runs)."""
+    c = b.cute_dsl
+    if not c.get("requests"):
+        return []
+    return [f"CuTe DSL kernels (every process's compile requests): {c.get('requests', 0)} asked, "
+            f"{c.get('compiled', 0)} compiled, {c.get('from_file', 0)} read from the cache folder "
+            f"({c.get('waited', 0)} after waiting for another process's compile), {c.get('lock_timeouts', 0)} waits "
+            f"given up, {c.get('lock_unavailable', 0)} compiled without a lock; the rest were in memory. "
+            f"{c.get('compile_ms', 0) / 1000:.1f} s in compile steps, {c.get('wait_ms', 0) / 1000:.1f} s of it waiting "
+            "(summed over processes)"]
+
+
 def text_lines(b: Budget) -> list[str]:
-    """The table as aligned text, and the session's line."""
+    """The table as aligned text, the session's line and the CuTe DSL compiles' line."""
     cells = _cells(b)
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     fmt = [lambda s, w=w, i=i: s.ljust(w) if i == 0 else s.rjust(w) for i, w in enumerate(widths)]
-    return ["  ".join(f(c) for f, c in zip(fmt, row)).rstrip() for row in cells] + [_session_line(b)]
+    return (["  ".join(f(c) for f, c in zip(fmt, row)).rstrip() for row in cells] + [_session_line(b)]
+            + _cute_dsl_line(b))
 
 
 def summary(folder: Path | str, since: float, session=None) -> list[str]:
@@ -241,32 +256,7 @@ def markdown_table(folder: Path | str) -> str:
     cells = _cells(b)
     lines = ["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(cells[0])]
     lines += ["| " + " | ".join(row) + " |" for row in cells[1:]]
-    return "\n".join(lines + ["", _session_line(b)])
-
-
-def growth(old: Path, new: Path) -> list[str]:
-    """A warning per implementation and EP size (and the session) whose total grew by more than GROWTH times and
-    GROWTH_FLOOR_S, naming the part that grew most; none where either folder holds no test times. A warning, never
-    a regression: the same code takes longer on a fresh host (every kernel compiles) or a busy one."""
-    try:
-        a, b = budget(old), budget(new)
-    except (ValueError, KeyError, TypeError, OSError) as err:  # a record of another version of the suite
-        return [f"time budget not compared: a per-test or session record lacks a field ({err})"]
-    if a is None or b is None:
-        return []
-    pairs = [(f"{k[0]} EP{k[1]}" if k != NO_IMPL else "(no implementation)", a.rows[k], b.rows[k])
-             for k in sorted(a.rows.keys() & b.rows.keys())]
-    pairs.append(("the session", {"total": a.startup + a.wall, "start-up": a.startup, "outside tests": a.outside},
-                  {"total": b.startup + b.wall, "start-up": b.startup, "outside tests": b.outside}))
-    lines = []
-    for name, ra, rb in pairs:
-        ran = ra["total"] >= 1.0  # a row whose tests OLD skipped (under a second) is new, not grown
-        if ran and rb["total"] > GROWTH * ra["total"] and rb["total"] - ra["total"] > GROWTH_FLOOR_S:
-            part = max((p for p in ra if p not in ("total", "tests")), key=lambda p: rb[p] - ra[p])
-            lines.append(f"WARNING time budget of {name}: {ra['total']:.1f} -> {rb['total']:.1f} s "
-                         f"(x{rb['total'] / ra['total']:.2f}; rule: > x{GROWTH:g} and > {GROWTH_FLOOR_S:g} s "
-                         f"more), most in {part}: {ra[part]:.1f} -> {rb[part]:.1f} s")
-    return lines
+    return "\n".join(lines + ["", _session_line(b), *_cute_dsl_line(b)])
 
 
 @cli.command("ci.time_budget")

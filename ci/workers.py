@@ -11,6 +11,7 @@ three workers on one H200 filled its memory, saved no time, and failed cases tha
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 
 from ci import cli
@@ -30,8 +31,6 @@ def sized(cores: int, free_gib: float) -> int:
 
 def host() -> tuple[int, float] | None:
     """(cores, GiB free on the emptiest visible GPU), or None without a GPU or pytest-xdist."""
-    import os
-
     if importlib.util.find_spec("xdist") is None:
         return None
     import torch

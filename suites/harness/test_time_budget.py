@@ -12,7 +12,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from ci import compare_runs, time_budget
+from ci import budget_growth, compare_runs, time_budget
 from ci.time_budget import PARTS, compiles
 from fixtures.results import records
 from reference.evidence import RAW_RUN8, RAW_RUN9
@@ -100,6 +100,65 @@ def test_a_run_splits_into_pool_start_build_and_case():
     assert time_spent.take()["builds"] == []  # taken: the next test starts afresh
 
 
+COMPILING_REFERENCE = "suites.harness.test_time_budget:compiling_reference"  # pytest imports this file by another name
+
+
+def compiling_reference():
+    """reference-ep whose layer build counts CuTe DSL compiles as a GPU kernel's does in a pool: rank 0 compiles
+    (3 s), every other rank waits for it (2 s) and reads its module (2.5 s in all). The ranks load it by this path."""
+    import dataclasses
+
+    from fixtures.backends.reference_ep import reference_ep
+
+    impl = reference_ep()
+
+    def build(ctx, layer, w13, w2):
+        from fixtures.flashinfer import cute_dsl_cache as cache
+
+        first = ctx.rank == 0
+        for key, n in ({"requests": 1, "compiled": 1, "compile_ms": 3000} if first else
+                       {"requests": 1, "from_file": 1, "waited": 1, "wait_ms": 2000, "compile_ms": 2500}).items():
+            cache.COUNTS[key] += n
+        return impl.build(ctx, layer, w13, w2)
+
+    return dataclasses.replace(impl, name=COMPILING_REFERENCE, build=build)
+
+
+@pytest.mark.ep
+def test_the_ranks_cute_dsl_compiles_reach_the_tests_record():
+    """Each rank's compile counts of a run (fixtures.dist.rank_runner), summed into the test's record; a run on the
+    cached layer adds none."""
+    from fixtures import time_spent
+    from fixtures.implementation import load
+    from fixtures.problem import BatchCase, LayerCase, Scenario
+    from fixtures.runner import Subject, run_scenario
+
+    subject = Subject(COMPILING_REFERENCE, load(COMPILING_REFERENCE), 4)
+    layer = LayerCase(num_experts=8, hidden=32, intermediate=16, top_k=2, capacity=8, weight_seed=5)
+    scenario = Scenario(layer, (BatchCase(tokens=(3,) * 4, seed=2),), 4)
+    time_spent.take()
+    run_scenario(subject, scenario)
+    assert time_spent.take()["cute_dsl"] == {"requests": 4, "compiled": 1, "from_file": 3, "waited": 3,
+                                              "compile_ms": 3000 + 3 * 2500, "wait_ms": 3 * 2000}
+    run_scenario(subject, scenario)
+    assert time_spent.take()["cute_dsl"] == {}
+
+
+def test_the_budget_says_what_the_cute_dsl_compiles_came_to(tmp_path):
+    _write(tmp_path, "tests", [_test(10.0, "x", 5.0, cute_dsl={"requests": 4, "compiled": 1, "from_file": 3,
+                                                                "waited": 3, "compile_ms": 10500, "wait_ms": 6000}),
+                               _test(20.0, "x", 5.0, cute_dsl={"requests": 5, "compiled": 3, "from_file": 2, "compile_ms": 4000}),
+                               _test(30.0, "", 1.0)])
+    lines = time_budget.text_lines(time_budget.budget(tmp_path))
+    assert lines[-1] == ("CuTe DSL kernels (every process's compile requests): 9 asked, 4 compiled, 5 read from the "
+                         "cache folder (3 after waiting for another process's compile), 0 waits given up, 0 compiled "
+                         "without a lock; the rest were in memory. 14.5 s in compile steps, 6.0 s of it waiting "
+                         "(summed over processes)"), lines
+    assert lines[-1] in time_budget.markdown_table(tmp_path)
+    _write(tmp_path / "cpu", "tests", [_test(10.0, "x", 5.0)])  # no CuTe DSL in the run: no line
+    assert time_budget.text_lines(time_budget.budget(tmp_path / "cpu"))[-1].startswith("session: ")
+
+
 def test_the_end_of_a_run_says_so_where_the_records_are_unreadable(tmp_path):
     _write(tmp_path, "tests", [{"time": 5.0, "impl": "x"}])
     assert time_budget.summary(tmp_path, 1.0) == [f"no time budget: {tmp_path} holds a malformed record ('ep')"]
@@ -132,7 +191,7 @@ def test_compare_runs_warns_of_a_grown_budget_and_stays_green(tmp_path, capsys):
 
 def test_two_clean_h200_runs_warn_of_nothing_in_either_order():
     run8, run9 = ROOT / RAW_RUN8 / "night", ROOT / RAW_RUN9
-    assert time_budget.growth(run8, run9) == [] and time_budget.growth(run9, run8) == []
+    assert budget_growth.growth(run8, run9) == [] and budget_growth.growth(run9, run8) == []
 
 
 @pytest.mark.parametrize("files, code, says", [
@@ -162,5 +221,5 @@ def test_markdown_table_for_the_report():
 def test_a_record_of_another_suite_version_is_not_compared_and_says_so(tmp_path):
     old = _folder(tmp_path, "old", 20.0)
     _write(tmp_path / "odd", "tests", [{"time": 5.0, "impl": "x"}])
-    assert time_budget.growth(old, tmp_path / "odd") == [
+    assert budget_growth.growth(old, tmp_path / "odd") == [
         "time budget not compared: a per-test or session record lacks a field ('ep')"]

@@ -55,9 +55,8 @@ def test_one_process_unless_asked():
 @pytest.mark.skipif(bool(workers.host()), reason="this machine has a GPU: auto sizes workers here")
 def test_auto_is_one_process_without_a_gpu():
     assert workers.host() is None
-    for value in ("auto",):
-        done = _run(value)
-        assert (done.returncode, done.stdout) == (0, "0\n"), done
+    done = _run("auto")
+    assert (done.returncode, done.stdout) == (0, "0\n"), done
 
 
 @pytest.mark.parametrize("worker_count, cores, prefetch, pools", [
