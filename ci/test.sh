@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The project's own tests, set-up included: the README's test command, and what .ci/run calls.
 # On a CPU machine every GPU test skips with its reason; the CPU tier runs reference-ep at EP1/2/4/8.
-# One pytest process by default, as a plain `pytest -m sm90`. MOE_WORKERS=N (or auto: ci/workers.py) spreads the
-# run over pytest-xdist workers, each implementation on one worker (opt-in: three on one H200 filled its memory
-# and failed cases one process passes, reference.evidence.SESSION14).
+# MOE_WORKERS (default auto: ci/workers.py) spreads the run over pytest-xdist workers, each implementation on one
+# worker: without a GPU one per core, up to 2 (the CPU tier in 383 s where one process took 697 s,
+# reference.evidence.SESSION16); on a GPU host one process, as a plain `pytest -m sm90` (three workers on one H200
+# filled its memory and failed cases one process passes, reference.evidence.SESSION14).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py="$(bash ci/setup.sh)"
@@ -16,7 +17,7 @@ where=(--rootdir "$PWD" -c "$PWD/pytest.ini")
 spread=()
 # An invalid MOE_WORKERS runs one process, and pytest's start-of-run check names it (fixtures.options).
 workers=0
-[ "${MOE_WORKERS:-0}" = 0 ] || workers="$("$py" -m ci.workers 2>/dev/null || echo 0)"
+[ "${MOE_WORKERS:-auto}" = 0 ] || workers="$("$py" -m ci.workers 2>/dev/null || echo 0)"
 if [ "$workers" != 0 ] && ! [[ " $* " =~ " -n"|" --numprocesses"|"no:xdist" ]]; then
   # A replacement for a crashed worker parses the command line before any conftest or ini is found
   # (H200, 2026-12-01: every replacement died on "unrecognized arguments: --results-dir"): name the

@@ -1,44 +1,58 @@
 """How many pytest-xdist workers ``bash ci/test.sh`` spreads a run over; prints the number (0: one pytest process).
 
-    python -m ci.workers      # MOE_WORKERS (default 0: one process); ci/test.sh asks it when that is set
+    python -m ci.workers      # MOE_WORKERS (default auto); ci/test.sh asks it unless that is 0
 
-``MOE_WORKERS=auto`` sizes it by the host: no GPU or no pytest-xdist, one process; on a GPU host, one worker per
-``CORES_PER_WORKER`` cores and per ``GIB_PER_WORKER`` free on the emptiest GPU, at most ``MOST``, and one process
-where that makes fewer than two. Each worker takes whole implementations (conftest.py). It is not the default:
-three workers on one H200 filled its memory, saved no time, and failed cases that one process passes
-(reference.evidence.SESSION14).
+``MOE_WORKERS=auto``, the default, decides by the host:
+- a host with a GPU, or without pytest-xdist: one process. Three workers on one H200 filled its memory, hung two
+  of them and failed cases that one process passes (reference.evidence.SESSION14).
+- a host without a GPU: one worker per core, at most ``CPU_MOST``. Its run is Python processes starting and
+  computing, and one process keeps one core busy: two workers took the CPU tier from 697 s to 383 s on 2 cores
+  (reference.evidence.SESSION16).
+- a run started by a test of a worker (a nightly, a faulty phase, a results-folder check): one process. It
+  inherits the worker's PYTEST_XDIST_WORKER, and more workers would only compete with the run's own.
+``MOE_WORKERS=N`` asks for N workers on any host, except inside a worker's test.
 """
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import sys
 
 from ci import cli
 
-CORES_PER_WORKER = 4  # a worker's compile (one core), its checks' threads and its pool's idle ranks
-# A worker's EP8 pool (8 ranks at about 3.5 GiB each) and its oracle cache (MOE_ORACLE_CACHE_GB, 8), with room
-# for a pool started ahead: reference.evidence.RUN1 measured the ranks.
-GIB_PER_WORKER = 40
-MOST = 4
+# Measured on 2 cores only (reference.evidence.SESSION16): more workers on a larger CPU machine are unmeasured, and
+# each worker pays its own start-up and collection.
+CPU_MOST = 2
 
 
-def sized(cores: int, free_gib: float) -> int:
-    """Workers for a GPU host with ``cores`` cores and ``free_gib`` free on its emptiest GPU."""
-    n = min(MOST, cores // CORES_PER_WORKER, int(free_gib // GIB_PER_WORKER))
-    return n if n >= 2 else 0
+def sized(cores: int, gpu: bool) -> int:
+    """Workers for ``auto`` on a host with ``cores`` cores, with or without a GPU (0: one process)."""
+    if gpu or cores < 2:
+        return 0
+    return min(CPU_MOST, cores)
 
 
-def host() -> tuple[int, float] | None:
-    """(cores, GiB free on the emptiest visible GPU), or None without a GPU or pytest-xdist."""
+def has_gpu() -> bool:
+    """Whether the CUDA driver sees a GPU here, asked without importing torch (2 s a process): no driver library,
+    no GPU."""
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    count = ctypes.c_int(0)
+    return cuda.cuInit(0) == 0 and cuda.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
+
+
+def decide(asked, environ=os.environ) -> int:
+    """The number of workers for the setting's value ``asked`` (``auto`` or an integer)."""
+    if "PYTEST_XDIST_WORKER" in environ:  # started by a test of a worker
+        return 0
+    if asked != "auto":
+        return asked
     if importlib.util.find_spec("xdist") is None:
-        return None
-    import torch
-
-    if not torch.cuda.is_available() or not torch.cuda.device_count():
-        return None
-    free = min(torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count()))
-    return os.cpu_count() or 1, free / 2**30
+        return 0
+    return sized(os.cpu_count() or 1, has_gpu())
 
 
 @cli.command("ci.workers")
@@ -52,10 +66,7 @@ def main(argv=None) -> int:
         asked = settings.WORKERS.get()
     except settings.SettingError as err:
         raise cli.InputError(str(err)) from None
-    if asked == "auto":
-        found = host()
-        asked = sized(*found) if found else 0
-    print(asked)
+    print(decide(asked))
     return 0
 
 

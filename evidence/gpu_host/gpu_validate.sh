@@ -133,7 +133,8 @@ for phase in "$@"; do
     # for a poll from a later call, while the phases run in the background: up to WAIT_S (default 540) s for
     # $out/DONE (the `done` phase), then where the run stands
     end=$(( $(date +%s) + ${WAIT_S:-540} ))
-    while [ ! -f "$out/DONE" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 10; done
+    # every 2 s: a poll that ends at DONE, or at WAIT_S, ends within 2 s of it (a 10-s step overslept short waits)
+    while [ ! -f "$out/DONE" ] && [ "$(date +%s)" -lt "$end" ]; do sleep 2; done
     if [ -f "$out/DONE" ]; then echo "DONE"; else echo "still running after ${WAIT_S:-540} s"; fi
     grep -h "\[progress\]\|^exit \|^=== " "$out"/*.log 2>/dev/null | sed 's/.*\[progress\]/[progress]/' | tail -n 15 ;;
   snapshot)

@@ -41,5 +41,10 @@ def test_pytests_status_survives_a_crashing_teardown(tmp_path, body, status):
     assert _child(tmp_path, body) == status
 
 
+def test_a_child_of_an_xdist_worker_exits_cleanly_too(tmp_path):
+    """It inherits PYTEST_XDIST_WORKER but is no worker (two workers on 2 cores: -11 here)."""
+    assert _child(tmp_path, "assert True", PYTEST_XDIST_WORKER="gw1", PYTEST_XDIST_WORKER_COUNT="2") == 0
+
+
 def test_without_the_plugin_the_crash_shows(tmp_path):
     assert _child(tmp_path, "assert True", MOE_CLEAN_EXIT="0") == -signal.SIGSEGV

@@ -1,7 +1,6 @@
-"""ci/workers.py: how many pytest-xdist workers ci/test.sh uses. One process by default; MOE_WORKERS=N asks for N,
-and auto sizes them: one process on a CPU machine or a small GPU host, else one worker per 4 cores and 40 GiB free,
-at most 4. An invalid value is one line. In a worker, rank pools follow fixtures.dist.pool's rules for a shared
-host."""
+"""ci/workers.py: how many pytest-xdist workers ci/test.sh uses. By default (auto) one per core up to 2 without a
+GPU, one process on a GPU host and in a run that a worker's test starts; MOE_WORKERS=N asks for N. An invalid value
+is one line. In a worker, rank pools follow fixtures.dist.pool's rules for a shared host."""
 from __future__ import annotations
 
 import os
@@ -18,25 +17,23 @@ pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("cores, free_gib, expected", [
-    (16, 139.0, 3),  # one H200 beside 16 cores: memory decides
-    (16, 200.0, 4),  # cores decide
-    (64, 560.0, 4),  # at most 4
-    (8, 139.0, 2),
-    (4, 139.0, 0),   # one worker's worth: one process
-    (16, 60.0, 0),   # a GPU mostly taken by something else
-    (2, 0.0, 0),
+@pytest.mark.parametrize("cores, gpu, expected", [
+    (2, False, 2),    # the CPU tier's machine: a worker per core
+    (64, False, 2),   # at most CPU_MOST: more is unmeasured
+    (1, False, 0),    # one core: one process
+    (16, True, 0),    # one H200 beside 16 cores: one process
+    (128, True, 0),
 ])
-def test_workers_are_sized_by_cores_and_free_gpu_memory(cores, free_gib, expected):
-    assert workers.sized(cores, free_gib) == expected
+def test_auto_spreads_a_cpu_machine_and_keeps_a_gpu_host_in_one_process(cores, gpu, expected):
+    assert workers.sized(cores, gpu) == expected
 
 
-def _run(value: str | None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "MOE_WORKERS"}
+def _run(value: str | None, **env_extra) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "MOE_WORKERS" and not k.startswith("PYTEST_XDIST_")}
     if value is not None:
         env["MOE_WORKERS"] = value
-    return subprocess.run([sys.executable, "-m", "ci.workers"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "ci.workers"], cwd=ROOT, env={**env, **env_extra},
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_the_setting_wins_and_an_invalid_one_is_one_line():
@@ -47,33 +44,49 @@ def test_the_setting_wins_and_an_invalid_one_is_one_line():
     assert done.stderr.count("\n") == 1 and "MOE_WORKERS='-1': expected auto, or an integer >= 0" in done.stderr
 
 
-def test_one_process_unless_asked():
-    done = _run(None)
+@pytest.mark.skipif(workers.has_gpu(), reason="this machine has a GPU: auto keeps it in one process")
+def test_auto_by_default_spreads_this_cpu_machine():
+    want = str(workers.sized(os.cpu_count() or 1, False))
+    assert _run(None).stdout == _run("auto").stdout == want + "\n"
+
+
+@pytest.mark.parametrize("value", [None, "auto", "4"])
+def test_a_run_that_a_workers_test_starts_is_one_process(value):
+    """A nightly or a faulty phase started by a test of a worker inherits PYTEST_XDIST_WORKER: it runs in one
+    process, whatever MOE_WORKERS says."""
+    done = _run(value, PYTEST_XDIST_WORKER="gw1")
     assert (done.returncode, done.stdout) == (0, "0\n"), done
 
 
-@pytest.mark.skipif(bool(workers.host()), reason="this machine has a GPU: auto sizes workers here")
-def test_auto_is_one_process_without_a_gpu():
-    assert workers.host() is None
-    done = _run("auto")
-    assert (done.returncode, done.stdout) == (0, "0\n"), done
-
-
-@pytest.mark.parametrize("worker_count, cores, prefetch, pools", [
-    (None, 16, True, 2),  # one process on a GPU host: the next pool starts ahead, two stay alive
-    (None, 2, False, 2),  # the CPU tier
-    ("3", 16, False, 1),  # three workers on one H200: one pool each, none started ahead (another worker's, often)
-    ("1", 16, False, 1),
+@pytest.mark.parametrize("worker_count, cores, gpu, prefetch, pools", [
+    (None, 16, True, True, 2),    # one process on a GPU host: the next pool starts ahead, two stay alive
+    (None, 2, False, False, 2),   # the CPU tier in one process
+    ("3", 16, True, False, 1),    # three workers on one H200: one pool each, none started ahead (another worker's)
+    ("1", 16, True, False, 1),
+    ("2", 2, False, False, 2),    # the CPU tier's workers: two pools each (one restarted a pool per test of test_history)
 ])
-def test_a_worker_keeps_one_pool_and_starts_none_ahead(monkeypatch, worker_count, cores,
-                                                                              prefetch, pools):
+def test_a_worker_on_a_gpu_host_keeps_one_pool_and_none_starts_ahead(monkeypatch, worker_count, cores, gpu,
+                                                                      prefetch, pools):
     for name in ("MOE_POOL_PREFETCH", "MOE_MAX_POOLS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):
         monkeypatch.delenv(name, raising=False)
     if worker_count:
         monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
         monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", worker_count)
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    monkeypatch.setattr(pool, "_gpu_host", lambda: gpu)
     assert (pool.prefetch_enabled(), pool.max_pools()) == (prefetch, pools)
     monkeypatch.setenv("MOE_MAX_POOLS", "3")
     monkeypatch.setenv("MOE_POOL_PREFETCH", "0")
     assert (pool.prefetch_enabled(), pool.max_pools()) == (False, 3)
+
+
+def test_a_child_pytest_forgets_the_worker_it_inherited():
+    """A test's child run is no worker: its records, time budget and clean exit are its own."""
+    from types import SimpleNamespace
+
+    from fixtures.options import forget_inherited_worker
+
+    env = {"PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "2", "PYTEST_XDIST_TESTRUNUID": "x", "A": "1"}
+    assert forget_inherited_worker(SimpleNamespace(), env) and env == {"A": "1"}
+    worker = {"PYTEST_XDIST_WORKER": "gw1"}  # a worker itself keeps its variables
+    assert not forget_inherited_worker(SimpleNamespace(workerinput={}), worker) and worker == {"PYTEST_XDIST_WORKER": "gw1"}
