@@ -68,9 +68,9 @@ def _interleave_line() -> list[str]:
 def pytest_collection_modifyitems(config, items):
     # Every test of one rank pool (EP size and kernel tree: FlashInfer's SM90 pull kernels share one) together,
     # EP1 first: the pool and its compiled kernels stay warm instead of restarting whenever the next test names
-    # another backend, and larger EP sizes compare with EP1's results. Under ``-n N --dist loadgroup``
-    # (ci/test.sh on a GPU host, ci/workers.py) each implementation's tests, EP1 first, and each module of other
-    # tests (module-scoped GPU layers), run on one worker.
+    # another backend, and larger EP sizes compare with EP1's results. Under ``-n N --dist loadgroup`` (ci/test.sh
+    # without a GPU, or MOE_WORKERS=N: ci/workers.py) each implementation's tests, EP1 first, and each module of
+    # other tests (module-scoped GPU layers), run on one worker.
     deselect_other_implementations(config, items)
     if "PYTEST_XDIST_WORKER" in os.environ:
         items.sort(key=worker_order)

@@ -2,7 +2,7 @@
 # The project's own tests, set-up included: the README's test command, and what .ci/run calls.
 # On a CPU machine every GPU test skips with its reason; the CPU tier runs reference-ep at EP1/2/4/8.
 # MOE_WORKERS (default auto: ci/workers.py) spreads the run over pytest-xdist workers, each implementation on one
-# worker: without a GPU one per core, up to 2 (the CPU tier in 383 s where one process took 697 s,
+# worker: without a GPU one per core, up to 2 (on 2 cores the CPU tier took about half one process's time,
 # reference.evidence.SESSION16); on a GPU host one process, as a plain `pytest -m sm90` (three workers on one H200
 # filled its memory and failed cases one process passes, reference.evidence.SESSION14).
 set -euo pipefail
@@ -18,7 +18,9 @@ spread=()
 # An invalid MOE_WORKERS runs one process, and pytest's start-of-run check names it (fixtures.options).
 workers=0
 [ "${MOE_WORKERS:-auto}" = 0 ] || workers="$("$py" -m ci.workers 2>/dev/null || echo 0)"
-if [ "$workers" != 0 ] && ! [[ " $* " =~ " -n"|" --numprocesses"|"no:xdist" ]]; then
+# One process where the arguments ask for it or need it: -n given, xdist off, a test's own output shown (-s: an
+# xdist worker's stdout goes nowhere) or a debugger (--pdb, --trace: xdist refuses them).
+if [ "$workers" != 0 ] && ! [[ " $* ${PYTEST_ADDOPTS:-} " =~ " -n"|" --numprocesses"|"no:xdist"|" -s "|" --capture=no"|" --capture no"|" --pdb"|" --trace" ]]; then
   # A replacement for a crashed worker parses the command line before any conftest or ini is found
   # (H200, 2026-12-01: every replacement died on "unrecognized arguments: --results-dir"): name the
   # options plugin, the ini and the rootdir explicitly.

@@ -5,12 +5,12 @@
 ``MOE_WORKERS=auto``, the default, decides by the host:
 - a host with a GPU, or without pytest-xdist: one process. Three workers on one H200 filled its memory, hung two
   of them and failed cases that one process passes (reference.evidence.SESSION14).
-- a host without a GPU: one worker per core, at most ``CPU_MOST``. Its run is Python processes starting and
-  computing, and one process keeps one core busy: two workers took the CPU tier from 697 s to 383 s on 2 cores
-  (reference.evidence.SESSION16).
-- a run started by a test of a worker (a nightly, a faulty phase, a results-folder check): one process. It
-  inherits the worker's PYTEST_XDIST_WORKER, and more workers would only compete with the run's own.
-``MOE_WORKERS=N`` asks for N workers on any host, except inside a worker's test.
+- a host without a GPU: one worker per core it may use, at most ``CPU_MOST``. Its run is Python processes starting
+  and computing, and one process keeps about one core busy: on 2 cores two workers took the CPU tier to about half
+  one process's time (reference.evidence.SESSION16).
+- a run that a test starts (a nightly, a faulty phase, a results-folder check): one process. It inherits the test's
+  PYTEST_CURRENT_TEST (and a worker's PYTEST_XDIST_WORKER), and more workers would only compete with the run's own.
+``MOE_WORKERS=N`` asks for N workers on any host, except inside a test.
 """
 from __future__ import annotations
 
@@ -34,25 +34,34 @@ def sized(cores: int, gpu: bool) -> int:
 
 
 def has_gpu() -> bool:
-    """Whether the CUDA driver sees a GPU here, asked without importing torch (2 s a process): no driver library,
-    no GPU."""
+    """Whether the CUDA driver sees a GPU here, asked without importing torch (2 s a process). Where the driver
+    library does not load, a GPU the kernel driver lists still counts: workers on a GPU host are the risk."""
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
-        return False
+        listed = "/proc/driver/nvidia/gpus"
+        return os.path.isdir(listed) and bool(os.listdir(listed))
     count = ctypes.c_int(0)
     return cuda.cuInit(0) == 0 and cuda.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: a container or taskset may allow fewer than the host has)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity on this platform
+        return os.cpu_count() or 1
+
+
 def decide(asked, environ=os.environ) -> int:
     """The number of workers for the setting's value ``asked`` (``auto`` or an integer)."""
-    if "PYTEST_XDIST_WORKER" in environ:  # started by a test of a worker
+    if "PYTEST_CURRENT_TEST" in environ or "PYTEST_XDIST_WORKER" in environ:  # started by a test
         return 0
     if asked != "auto":
         return asked
     if importlib.util.find_spec("xdist") is None:
         return 0
-    return sized(os.cpu_count() or 1, has_gpu())
+    return sized(usable_cores(), has_gpu())
 
 
 @cli.command("ci.workers")

@@ -3,6 +3,7 @@ GPU, one process on a GPU host and in a run that a worker's test starts; MOE_WOR
 is one line. In a worker, rank pools follow fixtures.dist.pool's rules for a shared host."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -28,8 +29,14 @@ def test_auto_spreads_a_cpu_machine_and_keeps_a_gpu_host_in_one_process(cores, g
     assert workers.sized(cores, gpu) == expected
 
 
+def _outside_any_test(**extra) -> dict:
+    """This environment as a shell outside pytest would have it: no MOE_WORKERS, no test's or worker's variables."""
+    drop = ("MOE_WORKERS", "PYTEST_CURRENT_TEST")
+    return {**{k: v for k, v in os.environ.items() if k not in drop and not k.startswith("PYTEST_XDIST_")}, **extra}
+
+
 def _run(value: str | None, **env_extra) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "MOE_WORKERS" and not k.startswith("PYTEST_XDIST_")}
+    env = _outside_any_test()
     if value is not None:
         env["MOE_WORKERS"] = value
     return subprocess.run([sys.executable, "-m", "ci.workers"], cwd=ROOT, env={**env, **env_extra},
@@ -44,18 +51,33 @@ def test_the_setting_wins_and_an_invalid_one_is_one_line():
     assert done.stderr.count("\n") == 1 and "MOE_WORKERS='-1': expected auto, or an integer >= 0" in done.stderr
 
 
-@pytest.mark.skipif(workers.has_gpu(), reason="this machine has a GPU: auto keeps it in one process")
-def test_auto_by_default_spreads_this_cpu_machine():
-    want = str(workers.sized(os.cpu_count() or 1, False))
+def test_auto_by_default_decides_by_this_host():
+    want = str(workers.sized(workers.usable_cores(), workers.has_gpu()))
     assert _run(None).stdout == _run("auto").stdout == want + "\n"
 
 
 @pytest.mark.parametrize("value", [None, "auto", "4"])
-def test_a_run_that_a_workers_test_starts_is_one_process(value):
-    """A nightly or a faulty phase started by a test of a worker inherits PYTEST_XDIST_WORKER: it runs in one
-    process, whatever MOE_WORKERS says."""
-    done = _run(value, PYTEST_XDIST_WORKER="gw1")
+@pytest.mark.parametrize("inherited", [{"PYTEST_XDIST_WORKER": "gw1"}, {"PYTEST_CURRENT_TEST": "t.py::test_x (call)"}])
+def test_a_run_that_a_test_starts_is_one_process(value, inherited):
+    """A nightly or a faulty phase started by a test inherits PYTEST_CURRENT_TEST (and a worker's
+    PYTEST_XDIST_WORKER): it runs in one process, whatever MOE_WORKERS says."""
+    done = _run(value, **inherited)
     assert (done.returncode, done.stdout) == (0, "0\n"), done
+
+
+@pytest.mark.skipif(not importlib.util.find_spec("xdist"), reason="pytest-xdist is not installed here")
+@pytest.mark.parametrize("setting, args", [(None, ()), ("2", ("-s",)), ("2", ("--pdb",)), ("2", ("-p", "no:xdist"))])
+def test_ci_test_sh_spreads_unless_the_arguments_need_one_process(setting, args):
+    """ci/test.sh's wiring: by default it spreads a run as ci.workers says, and -s (a worker's output goes nowhere),
+    --pdb (xdist refuses it) and xdist turned off keep it in one process even where MOE_WORKERS asks for two."""
+    env = _outside_any_test(**({"MOE_WORKERS": setting} if setting else {}))
+    # a real run of one quick test: under --co xdist starts no worker
+    done = subprocess.run(["bash", "ci/test.sh", "suites/harness/test_host_threads.py", "-k", "override",
+                           "-p", "no:cacheprovider", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    spread = not args and workers.sized(workers.usable_cores(), workers.has_gpu()) > 0
+    assert ("created: " in done.stdout) == spread, done.stdout[-2000:]  # xdist: "created: 2/2 workers"
 
 
 @pytest.mark.parametrize("worker_count, cores, gpu, prefetch, pools", [
@@ -65,7 +87,7 @@ def test_a_run_that_a_workers_test_starts_is_one_process(value):
     ("1", 16, True, False, 1),
     ("2", 2, False, False, 2),    # the CPU tier's workers: two pools each (one restarted a pool per test of test_history)
 ])
-def test_a_worker_on_a_gpu_host_keeps_one_pool_and_none_starts_ahead(monkeypatch, worker_count, cores, gpu,
+def test_pools_per_worker_and_ahead_by_host(monkeypatch, worker_count, cores, gpu,
                                                                       prefetch, pools):
     for name in ("MOE_POOL_PREFETCH", "MOE_MAX_POOLS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):
         monkeypatch.delenv(name, raising=False)
