@@ -28,7 +28,7 @@ RUN11 = _DEC02 + "h200-run11-exact-every-backend.md"  # the exact cases on every
 SESSION12 = _DEC02 + "session12-cpu.md"  # the CPU tier at this session's end; each new check failing on broken input
 SESSION13 = _DEC03 + "session13.md"  # H200 run 12 (bash ci/test.sh -m sm90) and the CPU tier; megamoe's exact fault case
 SESSION14 = _DEC03 + "session14.md"  # H200 run 13: three xdist workers on one GPU (not adopted); the CPU tier's cuts
-SESSION16 = _DEC04 + "session16.md"  # H200 runs 15-16: CuTe DSL compile counts; two xdist workers on a CPU machine
+SESSION16 = _DEC04 + "session16.md"  # H200 runs 15-17: CuTe DSL compile counts; two xdist workers on a CPU machine
 LOGS = (H200_072, RUN1, RUN2, RUN3, RUN4, RUN5, RUN6, RUN7, RUN8, RUN9, SESSION7, RUN10, SESSION11, RUN11, SESSION12,
         SESSION13, SESSION14, SESSION16)
 
