@@ -101,12 +101,17 @@ def _cuda_context_health(request):
 
 
 def pytest_collection_finish(session):
-    """Tell the rank pools the order they will be used in, so each one's successor starts while it runs."""
-    from fixtures.dist import pool
+    """Tell the rank pools the order they will be used in, so each one's successor starts while it runs, and the
+    layers each builds then (fixtures.dist.warmup); the first starts now where it has layers to build."""
+    from fixtures.dist import pool, warmup
     from fixtures.runner import Subject
 
-    subjects = (pool_subject(item) for item in session.items if not item.get_closest_marker("skip"))
-    pool.set_upcoming(Subject(*subject).pool_key for subject in subjects if subject)
+    found = (pool_subject(item) for item in session.items if not item.get_closest_marker("skip"))
+    subjects = [Subject(*subject) for subject in found if subject]
+    once = list({(s.impl, s.ep_size): s for s in subjects}.values())
+    pool.set_upcoming((s.pool_key for s in subjects), warmup.warm_cases(once))
+    if not session.config.option.collectonly:
+        pool.start_first()
 
 
 _SESSION_STARTED: list[float] = []  # this session's start (epoch), in its own process (not a pytest-xdist worker)

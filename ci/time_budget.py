@@ -5,7 +5,8 @@
 Seconds per implementation and EP size (the tests of its rank pool, as conftest.py groups them); each row's parts
 add up to its total, the tests' own wall time (setup, call and teardown):
 * pool start: waiting for rank pools to start (torch and FlashInfer imports, NVSHMEM bootstrap); a pool started
-  ahead counts only what was left of its start (``pools-*.jsonl`` records every start);
+  ahead counts only what was left of its start and of its warm-up, the layers it builds ahead (``pools-*.jsonl``
+  records every start, ``warmups-*.jsonl`` every warm-up: fixtures.dist.warmup);
 * compiles: the part of a layer build (its weights, the build and the first forward, where FlashInfer JIT and the
   CuTe DSL compile) beyond the same shape's rebuild, where it took far longer (COMPILE_RATIO, COMPILE_EXCESS_S);
 * layer builds: the rest of the layer builds;
@@ -14,7 +15,7 @@ add up to its total, the tests' own wall time (setup, call and teardown):
 * idle: the rest: hypothesis, fixtures, in-process GPU work, a failing check's unfinished part.
 Then every test of no implementation, all tests, and the session: its processes' start-up before pytest's clock
 (imports, plugins), then pytest's wall time: the busiest worker's tests and the time outside tests (collection,
-shutdown).
+shutdown). Then the pools' warm-ups, which ran beside the tests, and the CuTe DSL compiles of every process.
 
 Read from the per-test records (``tests-*.jsonl``, fixtures.time_spent) and the session records; a folder written
 before them (the committed H200 runs up to run 9) is read from its per-case records and JUnit times: there a pool
@@ -69,6 +70,7 @@ class Budget:
     source: str
     startup: float = 0.0  # the sessions' processes' time before pytest's clock (imports, plugins)
     cute_dsl: dict = field(default_factory=dict)  # CuTe DSL compile counts, summed (fixtures.flashinfer.cute_dsl_cache)
+    warmups: list = field(default_factory=list)  # the pools' warm-up records (fixtures.dist.rank_pool)
 
     @property
     def outside(self) -> float:
@@ -152,11 +154,12 @@ def from_test_records(folder: Path, since: float = 0.0, session=None) -> Budget 
             if inside:  # a session that ran no test (--collect-only) is no part of the budget
                 end = end if end is not None else max(t.time for t in inside)
                 wall, busy, startup = wall + end - start, busy + _busy(inside), startup + up
+    warmups = [r for r in records(folder, "warmups") if r["time"] >= since and session in (None, r.get("session"))]
     counts: dict = defaultdict(int)
-    for r in rows:
+    for r in rows + warmups:
         for k, n in r.get("cute_dsl", {}).items():
             counts[k] += n
-    return Budget(tally(tests), wall, busy, "the per-test records", startup, dict(counts))
+    return Budget(tally(tests), wall, busy, "the per-test records", startup, dict(counts), warmups)
 
 
 def _junit(folder: Path) -> tuple[list[tuple[str, float]], float]:
@@ -215,6 +218,17 @@ def _session_line(b: Budget) -> str:
             f"{b.outside:.1f} s outside tests (collection, shutdown); from {b.source}")
 
 
+def _warmup_line(b: Budget) -> list[str]:
+    """What the pools' warm-ups came to; none where no pool warmed (CPU runs, MOE_POOL_WARMUP=0)."""
+    if not b.warmups:
+        return []
+    given_up = [w for w in b.warmups if not w.get("ok")]
+    return [f"pool warm-ups (layers built ahead, beside other tests): {len(b.warmups)} pools, "
+            f"{sum(w.get('cases', 0) for w in b.warmups)} layers, {len(given_up)} given up; "
+            f"{sum(w.get('rank_s', 0.0) for w in b.warmups):.1f} s of warm-up (the slowest rank's, summed over pools), "
+            f"{sum(w.get('waited_s', 0.0) for w in b.warmups):.1f} s of it waited for by a first case (in pool start)"]
+
+
 def _cute_dsl_line(b: Budget) -> list[str]:
     """What the CuTe DSL compile-only requests of every process came to; none where there were none (CPU runs)."""
     c = b.cute_dsl
@@ -234,7 +248,7 @@ def text_lines(b: Budget) -> list[str]:
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     fmt = [lambda s, w=w, i=i: s.ljust(w) if i == 0 else s.rjust(w) for i, w in enumerate(widths)]
     return (["  ".join(f(c) for f, c in zip(fmt, row)).rstrip() for row in cells] + [_session_line(b)]
-            + _cute_dsl_line(b))
+            + _warmup_line(b) + _cute_dsl_line(b))
 
 
 def summary(folder: Path | str, since: float, session=None) -> list[str]:
@@ -256,7 +270,7 @@ def markdown_table(folder: Path | str) -> str:
     cells = _cells(b)
     lines = ["| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(cells[0])]
     lines += ["| " + " | ".join(row) + " |" for row in cells[1:]]
-    return "\n".join(lines + ["", _session_line(b), *_cute_dsl_line(b)])
+    return "\n".join(lines + ["", _session_line(b), *_warmup_line(b), *_cute_dsl_line(b)])
 
 
 @cli.command("ci.time_budget")

@@ -159,6 +159,24 @@ def test_the_budget_says_what_the_cute_dsl_compiles_came_to(tmp_path):
     assert time_budget.text_lines(time_budget.budget(tmp_path / "cpu"))[-1].startswith("session: ")
 
 
+def test_the_budget_says_what_the_pools_warm_ups_came_to(tmp_path):
+    _write(tmp_path, "tests", [_test(10.0, "x", 5.0, cute_dsl={"requests": 2, "compiled": 2, "compile_ms": 3000})])
+    _write(tmp_path, "warmups", [
+        {"time": 5.0, "session": 1, "world_size": 2, "cases": 4, "ok": True, "why": "", "rank_s": 30.0, "waited_s": 4.5,
+         "cute_dsl": {"requests": 8, "compiled": 8, "compile_ms": 20000}},
+        {"time": 8.0, "session": 1, "world_size": 4, "cases": 2, "ok": False, "why": "rank 1 raised", "rank_s": 2.0,
+         "waited_s": 0.5, "cute_dsl": {}},
+        {"time": 9.0, "session": 2, "world_size": 8, "cases": 9, "ok": True, "why": "", "rank_s": 99.0,
+         "waited_s": 9.0}])  # another session's
+    lines = time_budget.text_lines(time_budget.budget(tmp_path, session=1))
+    assert lines[-2] == ("pool warm-ups (layers built ahead, beside other tests): 2 pools, 6 layers, 1 given up; "
+                         "32.0 s of warm-up (the slowest rank's, summed over pools), 5.0 s of it waited for by a first "
+                         "case (in pool start)"), lines
+    assert lines[-1].startswith("CuTe DSL kernels (every process's compile requests): 10 asked, 10 compiled, "), lines
+    _write(tmp_path / "cold", "tests", [_test(10.0, "x", 5.0)])  # no pool warmed: no line
+    assert not any("warm-up" in line for line in time_budget.text_lines(time_budget.budget(tmp_path / "cold")))
+
+
 def test_the_end_of_a_run_says_so_where_the_records_are_unreadable(tmp_path):
     _write(tmp_path, "tests", [{"time": 5.0, "impl": "x"}])
     assert time_budget.summary(tmp_path, 1.0) == [f"no time budget: {tmp_path} holds a malformed record ('ep')"]

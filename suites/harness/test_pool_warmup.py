@@ -1,0 +1,128 @@
+"""A rank pool started ahead builds its subjects' pool layers before its first case (fixtures.dist.warmup), and a
+warm-up that fails or hangs is given up, bounded and named, never failing or hanging the case that follows."""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from fixtures import results
+from fixtures.checks import check_oracle
+from fixtures.dist import pool, warmup
+from fixtures.geometries import layer_pool
+from fixtures.implementation import load
+from fixtures.problem import BatchCase, LayerCase, Scenario
+from fixtures.results import records
+from fixtures.runner import Subject, run_scenario
+
+pytestmark = [pytest.mark.harness, pytest.mark.cpu, pytest.mark.ep]
+
+GPU_SPEC = "sm90_bf16_bf16_bf16_pull_cutedsl"  # any GPU descriptor: warm_cases only reads its capabilities
+HUNG_BOUND_S = 3  # MOE_JIT_TIMEOUT in the hung warm-up test: the healthy warm-up here takes well under a second
+
+
+def _subject(ep: int, spec: str = "reference-ep") -> Subject:
+    return Subject(spec, load(spec), ep)
+
+
+def _case(ep: int) -> Scenario:
+    layer = LayerCase(num_experts=2 * ep, hidden=32, intermediate=16, top_k=2, capacity=8, weight_seed=3)
+    return Scenario(layer, (BatchCase(tokens=(4,) * ep, seed=1),), ep)
+
+
+@pytest.fixture
+def ahead(monkeypatch, tmp_path):
+    """Pools start ahead and every subject warms; records go to ``tmp_path``."""
+    monkeypatch.setenv("MOE_POOL_PREFETCH", "1")
+    monkeypatch.setenv("MOE_POOL_WARMUP", "1")
+    kept = results._DIR
+    results.configure(str(tmp_path))
+    pool.close_all()
+    yield tmp_path
+    pool.set_upcoming([])
+    pool.close_all()
+    results.configure(str(kept) if kept else None)
+
+
+def _warmups(folder) -> list[dict]:
+    return records(folder, "warmups")
+
+
+def test_warm_cases_are_each_gpu_subjects_pool_layers_once_with_their_own_weights(monkeypatch):
+    monkeypatch.delenv("MOE_POOL_WARMUP", raising=False)
+    gpu, cpu = _subject(2, GPU_SPEC), _subject(2)
+    cases = warmup.warm_cases([gpu, cpu, gpu])
+    assert list(cases) == [gpu.pool_key], "by default only GPU subjects' pools warm"
+    scenarios = [Scenario.from_json(c["scenario"]) for c in cases[gpu.pool_key]]
+    shapes = [s.layer.key() for s in scenarios]
+    wanted = [dataclasses.replace(layer, weight_seed=warmup.WARM_SEED).key() for layer in layer_pool(gpu.caps, 2)]
+    assert shapes == wanted, "one case per pool layer, in order, each once"
+    assert all(c["impl"] == GPU_SPEC and s.ep_size == 2 for c, s in zip(cases[gpu.pool_key], scenarios))
+    monkeypatch.setenv("MOE_POOL_WARMUP", "0")
+    assert warmup.warm_cases([gpu]) == {}
+    monkeypatch.setenv("MOE_POOL_WARMUP", "1")
+    assert cpu.pool_key in warmup.warm_cases([cpu])
+
+
+def test_a_pool_started_ahead_builds_its_layers_before_its_first_case(ahead):
+    s1, s2 = _subject(1), _subject(2)
+    pool.set_upcoming([s1.pool_key, s2.pool_key], warmup.warm_cases([s1, s2]))
+    pool.start_first()
+    assert s1.pool_key in pool._POOLS, "the first pool with layers to build starts at once"
+    check_oracle(s1, _case(1))
+    assert s2.pool_key in pool._POOLS  # started ahead while EP1 ran
+    own = layer_pool(s2.caps, 2)[-1]  # a test's layer of a warm shape (the last: a CPU rank keeps one layer)
+    run = run_scenario(s2, Scenario(own, (BatchCase(tokens=(4, 4), seed=1),), 2))
+    (ep1, ep2) = sorted(_warmups(ahead), key=lambda w: w["world_size"])
+    for w, subject in ((ep1, s1), (ep2, s2)):
+        assert w["ok"] and w["why"] == "", w
+        assert w["cases"] == len(layer_pool(subject.caps, subject.ep_size)) == w["layers_built"] == 2, w
+    assert all(r.warming == 0 for r in pool._POOLS[s2.pool_key].ranks.values())
+    assert run.layers_built == 1 and run.layer_calls_before == 0, "the test's own layer has no warm batch in its history"
+
+
+def test_a_warm_up_that_raises_is_given_up_and_the_case_runs(ahead, capfd):
+    s1 = _subject(2)
+    bad = {"id": "warm-up/no-such/EP2/0", "impl": "no-such-implementation", "scenario": _case(2).to_json()}
+    pool.set_upcoming([s1.pool_key], {s1.pool_key: (bad,)})
+    pool.start_first()
+    check_oracle(s1, _case(2))  # passes on the restarted pool
+    (w,) = _warmups(ahead)
+    assert not w["ok"] and "raised during phase" in w["why"] and "no-such-implementation" in w["why"], w
+    assert "its warm-up was given up" in capfd.readouterr().err
+    assert pool._POOLS[s1.pool_key].restarts == 1
+
+
+def test_a_hung_warm_up_is_bounded_named_and_killed(ahead, monkeypatch, capfd):
+    monkeypatch.setenv("MOE_JIT_TIMEOUT", str(HUNG_BOUND_S))
+    s2 = _subject(2)
+    (tile, *_) = warmup.warm_cases([s2])[s2.pool_key]
+    hung = {**tile, "inject": {"rank": 1, "phase": "build", "action": "sleep", "seconds": 3600}}
+    pool.set_upcoming([s2.pool_key], {s2.pool_key: (hung,)})
+    pool.start_first()
+    warming = pool._POOLS[s2.pool_key]
+    started = time.monotonic()
+    check_oracle(s2, _case(2))
+    assert time.monotonic() - started < HUNG_BOUND_S + 60
+    (w,) = _warmups(ahead)
+    assert not w["ok"] and "rank 1 (last phase: build)" in w["why"] and f"{HUNG_BOUND_S}s" in w["why"], w
+    assert warming.restarts == 1 and "its warm-up was given up" in capfd.readouterr().err
+
+
+def test_nothing_starts_at_collection_without_layers_to_build_or_without_prefetch(monkeypatch):
+    s1 = _subject(1)
+    try:
+        monkeypatch.setenv("MOE_POOL_PREFETCH", "1")
+        pool.close_all()
+        pool.set_upcoming([s1.pool_key], {})
+        pool.start_first()
+        assert s1.pool_key not in pool._POOLS, "no warm-up: the first pool starts with its first case, as before"
+        monkeypatch.setenv("MOE_POOL_PREFETCH", "0")
+        pool.set_upcoming([s1.pool_key], {s1.pool_key: ({"id": "x", "impl": "reference-ep",
+                                                          "scenario": _case(1).to_json()},)})
+        pool.start_first()
+        assert s1.pool_key not in pool._POOLS
+    finally:
+        pool.set_upcoming([])
+        pool.close_all()
