@@ -22,7 +22,7 @@ from hypothesis import settings
 from fixtures import arch, cuda_health, host_threads, results, time_spent
 from fixtures.dist.inprocess import launched_by_torchrun
 from fixtures.dist.pool import close_all
-from fixtures.pool_order import pool_order, pool_subject, worker_order
+from fixtures.pool_order import pool_order, pool_subject, upcoming_subjects, worker_order
 from fixtures.selection import deselect_other_implementations, ep_skip_reason, selected_ep_sizes, selected_impls
 
 # The hypothesis profile is loaded by fixtures.options (fixtures.profiles), before this module is imported.
@@ -106,8 +106,7 @@ def pytest_collection_finish(session):
     from fixtures.dist import pool, warmup
     from fixtures.runner import Subject
 
-    found = (pool_subject(item) for item in session.items if not item.get_closest_marker("skip"))
-    subjects = [Subject(*subject) for subject in found if subject]
+    subjects = [Subject(*subject) for subject in upcoming_subjects(session.items)]
     once = list({(s.impl, s.ep_size): s for s in subjects}.values())
     pool.set_upcoming((s.pool_key for s in subjects), warmup.warm_cases(once))
     if not session.config.option.collectonly:

@@ -46,6 +46,19 @@ def test_rank_pool_tests_sort_with_their_pools_subject_tests():
     assert set(ep2) == {"faulty EP2 subject", "reference EP2 subject", "rank_pool by name at EP2"}, order
 
 
+def test_the_upcoming_pools_leave_out_tests_that_skip_marked_or_at_run_time():
+    """A pool whose every test skips is never started ahead in the place of the next pool a test uses."""
+    items = [
+        _Item("reference EP1 subject", _subject("reference-ep", 1)),
+        _Item("a plan test at an EP size the path lacks", {"path": SimpleNamespace(name="megamoe_sm90_nvfp4_fused"),
+                                                            "ep": 1}, ["rank_pool"]),
+        _Item("marked skip", _subject("reference-ep", 4), ["skip"]),
+        _Item("reference EP2 subject", _subject("reference-ep", 2)),
+        _Item("no pool", {}),
+    ]
+    assert [(spec, ep) for spec, _, ep in root.upcoming_subjects(items)] == [("reference-ep", 1), ("reference-ep", 2)]
+
+
 def test_under_xdist_each_implementation_is_one_run_of_tests_ep1_first():
     """worker_order (conftest.py under pytest-xdist, a group per implementation): every implementation's tests
     together, EP sizes ascending, so a worker keeps EP1's output for the EP invariance test."""
