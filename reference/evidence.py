@@ -9,7 +9,7 @@ _NOV29 = "evidence/2026-11-29-"  # links into the logs of the first H200 day (Fl
 _DEC01 = "evidence/2026-12-01-"  # links into the logs of runs 1-7 (FlashInfer 0.7.4 from run 3)
 _DEC02 = "evidence/2026-12-02-"  # links into the log of run 8, the nightly
 _DEC03 = "evidence/2026-12-03-"  # links into session 13's log
-_DEC04 = "evidence/2026-12-04-"  # links into session 16's log
+_DEC04 = "evidence/2026-12-04-"  # links into the logs of sessions 16 and 17
 
 H200_072 = _NOV29 + "h200-sm90.md"  # 0.7.2.post1's three SM90 kernels, EP1 to EP8; findings F1-F9
 RUN1 = _DEC01 + "h200-pytest-m-sm90.md"  # the README command on a fresh H200; F10
@@ -29,8 +29,9 @@ SESSION12 = _DEC02 + "session12-cpu.md"  # the CPU tier at this session's end; e
 SESSION13 = _DEC03 + "session13.md"  # H200 run 12 (bash ci/test.sh -m sm90) and the CPU tier; megamoe's exact fault case
 SESSION14 = _DEC03 + "session14.md"  # H200 run 13: three xdist workers on one GPU (not adopted); the CPU tier's cuts
 SESSION16 = _DEC04 + "session16.md"  # H200 runs 15-17: CuTe DSL compile counts; two xdist workers on a CPU machine
+SESSION17 = _DEC04 + "session17.md"  # H200 runs 18-19: pools warm their layers ahead; the whole sm90 run in 1024 s
 LOGS = (H200_072, RUN1, RUN2, RUN3, RUN4, RUN5, RUN6, RUN7, RUN8, RUN9, SESSION7, RUN10, SESSION11, RUN11, SESSION12,
-        SESSION13, SESSION14, SESSION16)
+        SESSION13, SESSION14, SESSION16, SESSION17)
 
 
 def _raw(day: str, run: str) -> str:
