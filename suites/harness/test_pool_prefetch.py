@@ -21,10 +21,8 @@ def _case(ep: int) -> tuple[Subject, Scenario]:
 @pytest.fixture
 def upcoming(monkeypatch):
     monkeypatch.setenv("MOE_POOL_PREFETCH", "1")
-    pool.close_all()
-    yield pool.set_upcoming
-    pool.set_upcoming([])
-    pool.close_all()
+    with pool.isolated():
+        yield pool.set_upcoming
 
 
 def test_the_next_pool_is_started_before_its_first_case(upcoming):
@@ -55,12 +53,8 @@ def test_a_pool_started_ahead_that_fails_is_started_again(upcoming, monkeypatch)
 
 def test_without_prefetch_nothing_starts_ahead(monkeypatch):
     monkeypatch.setenv("MOE_POOL_PREFETCH", "0")
-    pool.close_all()
     (s1, c1), (s2, _) = _case(1), _case(2)
-    pool.set_upcoming([s1.pool_key, s2.pool_key])
-    try:
+    with pool.isolated():
+        pool.set_upcoming([s1.pool_key, s2.pool_key])
         check_oracle(s1, c1)
         assert s2.pool_key not in pool._POOLS
-    finally:
-        pool.set_upcoming([])
-        pool.close_all()

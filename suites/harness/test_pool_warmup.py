@@ -38,10 +38,8 @@ def ahead(monkeypatch, tmp_path):
     monkeypatch.setenv("MOE_POOL_WARMUP", "1")
     kept = results._DIR
     results.configure(str(tmp_path))
-    pool.close_all()
-    yield tmp_path
-    pool.set_upcoming([])
-    pool.close_all()
+    with pool.isolated():
+        yield tmp_path
     results.configure(str(kept) if kept else None)
 
 
@@ -94,6 +92,33 @@ def test_a_warm_up_that_raises_is_given_up_and_the_case_runs(ahead, capfd):
     assert pool._POOLS[s1.pool_key].restarts == 1
 
 
+def test_a_warm_batch_off_the_oracle_is_given_up_so_a_test_sees_the_first_call(ahead, capfd):
+    faulty = _subject(2, "faulty:rank_zeroed")  # its last rank returns zeros: the warm batch is off at rank 1
+    pool.set_upcoming([faulty.pool_key], warmup.warm_cases([faulty]))
+    pool.start_first()
+    run = run_scenario(faulty, _case(2))
+    (w,) = _warmups(ahead)
+    assert not w["ok"] and "off the oracle at rank 1" in w["why"] and "faulty:rank_zeroed" in w["why"], w
+    assert pool._POOLS[faulty.pool_key].restarts == 1 and run.layer_calls_before == 0
+    assert "its warm-up was given up" in capfd.readouterr().err
+
+
+def test_a_tests_own_pools_leave_the_sessions_alone(ahead):
+    s1, s2 = _subject(1), _subject(2)
+    pool.set_upcoming([s1.pool_key], warmup.warm_cases([s1]))
+    pool.start_first()
+    session = pool._POOLS[s1.pool_key]
+    with pool.isolated():
+        check_oracle(s2, _case(2))
+        assert list(pool._POOLS) == [s2.pool_key] and pool._UPCOMING == []
+        inside = pool._POOLS[s2.pool_key]
+    assert list(pool._POOLS) == [s1.pool_key] and pool._POOLS[s1.pool_key] is session
+    assert pool._UPCOMING == [s1.pool_key] and pool._WARM
+    assert inside.proc.poll() is not None, "the pools started inside are closed"
+    check_oracle(s1, _case(1))  # the session's pool, started ahead, still warms and runs
+    assert _warmups(ahead)[0]["ok"]
+
+
 def test_a_hung_warm_up_is_bounded_named_and_killed(ahead, monkeypatch, capfd):
     monkeypatch.setenv("MOE_JIT_TIMEOUT", str(HUNG_BOUND_S))
     s2 = _subject(2)
@@ -112,9 +137,8 @@ def test_a_hung_warm_up_is_bounded_named_and_killed(ahead, monkeypatch, capfd):
 
 def test_nothing_starts_at_collection_without_layers_to_build_or_without_prefetch(monkeypatch):
     s1 = _subject(1)
-    try:
+    with pool.isolated():
         monkeypatch.setenv("MOE_POOL_PREFETCH", "1")
-        pool.close_all()
         pool.set_upcoming([s1.pool_key], {})
         pool.start_first()
         assert s1.pool_key not in pool._POOLS, "no warm-up: the first pool starts with its first case, as before"
@@ -123,6 +147,3 @@ def test_nothing_starts_at_collection_without_layers_to_build_or_without_prefetc
                                                           "scenario": _case(1).to_json()},)})
         pool.start_first()
         assert s1.pool_key not in pool._POOLS
-    finally:
-        pool.set_upcoming([])
-        pool.close_all()

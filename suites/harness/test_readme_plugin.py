@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.checks import ConformanceFailure, check_oracle
-from fixtures.dist.pool import close_all
+from fixtures.dist.pool import isolated
 from fixtures.implementation import load
 from fixtures.problem import BatchCase, LayerCase, Scenario
 from fixtures.runner import Subject
@@ -31,9 +31,8 @@ def plugin_package(tmp_path, monkeypatch):
     (package / "swapped.py").write_text(code.replace("g, u = ", "u, g = "))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}:{ROOT}")
-    close_all()  # fresh pools inherit the PYTHONPATH that holds the plugin
-    yield "my_kernels"
-    close_all()
+    with isolated():  # fresh pools inherit the PYTHONPATH that holds the plugin
+        yield "my_kernels"
     for name in ("my_kernels.plugin", "my_kernels.swapped", "my_kernels"):
         sys.modules.pop(name, None)
 

@@ -15,7 +15,7 @@ import torch
 
 from ci import repro
 from fixtures.checks import ConformanceFailure, check_oracle
-from fixtures.dist.pool import close_all
+from fixtures.dist.pool import isolated
 from fixtures.history import HistoryDependence, HistoryFailure, check_history, judge
 from fixtures.implementation import load
 from fixtures.problem import BatchCase, LayerCase, Scenario
@@ -71,8 +71,8 @@ def test_the_generic_suite_names_it_within_seconds_and_its_reproduction_fails_ag
     print(f"EP{ep}: [history] after {seconds:.1f} s")
     argv = _reproduction(text)
     if ep == 1:
-        close_all()  # as ci.repro: on a fresh pool, whose layers have run nothing but the replay
-        verdicts = repro.verdicts(*repro.parse(argv[3:]))
+        with isolated():  # as ci.repro: on a fresh pool, whose layers have run nothing but the replay
+            verdicts = repro.verdicts(*repro.parse(argv[3:]))
         assert [(name, ok) for name, ok, _ in verdicts] == [("history", False)], verdicts
         assert verdicts[0][2].startswith(f"[history] {FAULT} at EP1: "), verdicts[0][2]
         return
