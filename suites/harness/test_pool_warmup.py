@@ -103,6 +103,20 @@ def test_a_warm_batch_off_the_oracle_is_given_up_so_a_test_sees_the_first_call(a
     assert "its warm-up was given up" in capfd.readouterr().err
 
 
+def test_a_warm_batch_that_cannot_be_checked_is_given_up_not_failed(ahead, monkeypatch):
+    s2 = _subject(2)
+
+    def broken(pool, answers):
+        raise RuntimeError("no oracle here")
+
+    monkeypatch.setattr(warmup, "_off_the_oracle", broken)
+    pool.set_upcoming([s2.pool_key], warmup.warm_cases([s2]))
+    pool.start_first()
+    check_oracle(s2, _case(2))  # the case at hand passes, on a cold pool
+    (w,) = _warmups(ahead)
+    assert not w["ok"] and "could not be held to the oracle (RuntimeError: no oracle here)" in w["why"], w
+
+
 def test_a_tests_own_pools_leave_the_sessions_alone(ahead):
     s1, s2 = _subject(1), _subject(2)
     pool.set_upcoming([s1.pool_key], warmup.warm_cases([s1]))
