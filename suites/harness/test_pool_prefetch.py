@@ -2,6 +2,9 @@
 pool started ahead that fails to come up is started again when a case needs it."""
 from __future__ import annotations
 
+import os
+import time
+
 import pytest
 
 from fixtures.checks import check_oracle
@@ -58,3 +61,44 @@ def test_without_prefetch_nothing_starts_ahead(monkeypatch):
         pool.set_upcoming([s1.pool_key, s2.pool_key])
         check_oracle(s1, c1)
         assert s2.pool_key not in pool._POOLS
+
+
+def test_pools_start_ahead_as_far_as_the_spare_cores_allow(monkeypatch):
+    """The next pool always; those after it while their ranks fit the cores beyond the pytest process's and the
+    pool in use's (fixtures.dist.pool.ahead_ranks)."""
+    keys = [pool.PoolKey(1, tag="a"), pool.PoolKey(1, tag="b"), pool.PoolKey(2, tag="a"), pool.PoolKey(8, tag="a")]
+    with pool.isolated():
+        pool.set_upcoming(keys)
+        monkeypatch.setattr(pool, "ahead_ranks", lambda: 0)
+        assert pool._ahead_of(keys[0]) == [keys[1]]  # one ahead, whatever the cores
+        monkeypatch.setattr(pool, "ahead_ranks", lambda: 3)
+        assert pool._ahead_of(None) == keys[:2] and pool._ahead_of(keys[0]) == keys[1:3]
+        assert pool._ahead_of(keys[2]) == [keys[3]]  # EP8 is beyond 3 ranks, but it is the next one
+        assert pool._ahead_of(keys[3]) == [] and pool._ahead_of(pool.PoolKey(4)) == []
+    monkeypatch.undo()
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(16)), raising=False)
+    assert pool.ahead_ranks() == 16 - pool.KEPT_CORES >= 8  # an H200 host's 16 cores: an EP8 pool ahead
+
+
+def test_a_pool_no_longer_needed_closes_on_a_thread(monkeypatch):
+    """Its ranks' exit is no test's time, and close_all waits for it."""
+    closed = []
+
+    class Slow:
+        key = pool.PoolKey(2, tag="old")
+
+        def close(self):
+            time.sleep(1.5)
+            closed.append(True)
+
+    monkeypatch.setenv("MOE_MAX_POOLS", "1")
+    monkeypatch.setenv("MOE_POOL_PREFETCH", "0")
+    old = Slow.key
+    with pool.isolated():
+        pool._POOLS[old] = Slow()
+        began = time.monotonic()
+        pool.get_pool(pool.PoolKey(1, tag="new"))  # not started until a case runs
+        assert time.monotonic() - began < 1.0 and old not in pool._POOLS and not closed
+        pool.close_all()
+        assert closed == [True]

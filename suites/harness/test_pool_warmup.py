@@ -10,7 +10,7 @@ import pytest
 from fixtures import results
 from fixtures.checks import check_oracle
 from fixtures.dist import pool, warmup
-from fixtures.geometries import layer_pool
+from fixtures.geometries import MODELS, fits, layer_pool, model_skip_reason, model_test_layer
 from fixtures.implementation import load
 from fixtures.problem import BatchCase, LayerCase, Scenario
 from fixtures.results import records
@@ -29,6 +29,65 @@ def _subject(ep: int, spec: str = "reference-ep") -> Subject:
 def _case(ep: int) -> Scenario:
     layer = LayerCase(num_experts=2 * ep, hidden=32, intermediate=16, top_k=2, capacity=8, weight_seed=3)
     return Scenario(layer, (BatchCase(tokens=(4,) * ep, seed=1),), ep)
+
+
+def test_a_gpu_subjects_warm_cases_at_ep1_hold_the_model_layers_its_tests_build(monkeypatch):
+    """The model layers come after the pool layers, each the one test_model_geometry (or test_accumulation_limit) of
+    that model builds, so its first build finds the kernel compiled; none at an EP size the model tests skip."""
+    monkeypatch.delenv("MOE_MODEL_EP", raising=False)
+    gpu = _subject(1, GPU_SPEC)
+    layers = [Scenario.from_json(c["scenario"]).layer for c in warmup.warm_cases([gpu])[gpu.pool_key]]
+    models = [model_test_layer(m, gpu.caps, 1) for m in MODELS if not fits(m, gpu.caps)]
+    assert len(models) >= 3 and [dataclasses.replace(x, weight_seed=0) for x in layers[2:]] == models
+    ran = [model_test_layer(m, gpu.caps, 1) for m in MODELS if not model_skip_reason(m, gpu.caps, 1)]
+    assert set(ran) <= set(models), "a layer test_model_geometry builds is not warmed"
+    assert len(warmup.warm_cases([_subject(2, GPU_SPEC)])[_subject(2, GPU_SPEC).pool_key]) == 2
+    monkeypatch.setenv("MOE_MODEL_EP", "2")
+    assert len(warmup.warm_cases([gpu])[gpu.pool_key]) == 2
+
+
+class _Layer:
+    def __init__(self, closed, key):
+        self.closed, self.key = closed, key
+
+    def close(self):
+        self.closed.append(self.key)
+
+
+def _cached(runner, closed, *layers):
+    for spec, layer in layers:
+        key = (spec, layer.key())
+        runner.layers[key] = (_Layer(closed, key), [0], [])
+
+
+def test_a_gpu_rank_keeps_its_model_layers_until_their_twins_are_built():
+    """A warm model layer stays while its test builds the same shape (FlashInfer frees a config's compile with its
+    last layer); the warm twin goes first once its test's layer is there; on the CPU one large layer at a time."""
+    from fixtures.dist.rank_runner import LARGE_BYTES_KEPT, RankRunner, _weight_bytes
+
+    caps = load(GPU_SPEC).capabilities
+    big = [dataclasses.replace(model_test_layer(m, caps, 1), weight_seed=warmup.WARM_SEED)
+           for m in MODELS if m.name in ("deepseek-v3", "llama4-scout")]
+    small = [dataclasses.replace(x, weight_seed=warmup.WARM_SEED) for x in layer_pool(caps, 1)]
+    runner, closed = RankRunner(0, 1, lambda phase: None), []
+    _cached(runner, closed, *[(GPU_SPEC, x) for x in small + big[::-1]])  # the layer of the shape coming is oldest
+    test_layer = dataclasses.replace(big[0], weight_seed=7)
+    runner._make_room((GPU_SPEC, test_layer.key()), "cuda")
+    assert closed == [] and LARGE_BYTES_KEPT["cuda"] > 3 * (2 << 30)
+    _cached(runner, closed, (GPU_SPEC, test_layer))
+    runner._make_room((GPU_SPEC, dataclasses.replace(big[1], weight_seed=7).key()), "cuda")
+    assert closed == [], "within the bytes kept, nothing goes"
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setitem(LARGE_BYTES_KEPT, "cuda", _weight_bytes(big[0]) + 2 * _weight_bytes(big[1]))
+    try:  # past the bytes: the warm twin of the built shape goes, not the warm layer of the shape coming
+        runner._make_room((GPU_SPEC, dataclasses.replace(big[1], weight_seed=7).key()), "cuda")
+    finally:
+        monkeypatch.undo()
+    assert closed == [(GPU_SPEC, big[0].key())] and (GPU_SPEC, big[1].key()) in runner.layers
+    cpu, closed_cpu = RankRunner(0, 1, lambda phase: None), []
+    _cached(cpu, closed_cpu, (GPU_SPEC, big[0]))
+    cpu._make_room((GPU_SPEC, test_layer.key()), "cpu")
+    assert closed_cpu == [(GPU_SPEC, big[0].key())]
 
 
 @pytest.fixture
