@@ -21,8 +21,9 @@ from hypothesis import settings
 
 from fixtures import arch, cuda_health, host_threads, results, time_spent
 from fixtures.dist.inprocess import launched_by_torchrun
+from fixtures.dist import pool as rank_pools
 from fixtures.dist.pool import close_all
-from fixtures.pool_order import pool_order, pool_subject, upcoming_subjects, worker_order
+from fixtures.pool_order import gpu_host_group, pool_order, pool_subject, upcoming_subjects, worker_order
 from fixtures.selection import deselect_other_implementations, ep_skip_reason, selected_ep_sizes, selected_impls
 
 # The hypothesis profile is loaded by fixtures.options (fixtures.profiles), before this module is imported.
@@ -71,20 +72,30 @@ def pytest_collection_modifyitems(config, items):
     # another backend, and larger EP sizes compare with EP1's results. Under ``-n N --dist loadgroup`` (ci/test.sh
     # without a GPU, or MOE_WORKERS=N: ci/workers.py) each implementation's tests, EP1 first, and each module of
     # other tests (module-scoped GPU layers), run on one worker.
+    # On a GPU host the rank-pool tests stay together in that order on one worker instead (gpu_host_group).
     deselect_other_implementations(config, items)
-    if "PYTEST_XDIST_WORKER" in os.environ:
+    grouped = getattr(config, "workerinput", {}).get("moe_dist") == "loadgroup" and rank_pools.gpu_host()
+    if "PYTEST_XDIST_WORKER" in os.environ and not grouped:
         items.sort(key=worker_order)
     else:
         items.sort(key=pool_order)
+    if grouped:
+        rank_pools.pools_grouped()
     for item in items:
-        spec = worker_order(item)[0]
-        item.add_marker(pytest.mark.xdist_group(spec or item.module.__name__))
+        group = gpu_host_group(item) if grouped else worker_order(item)[0] or item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))
     for item in items:
         for tag in arch.ARCH_MARKERS:
             if item.get_closest_marker(tag):
                 reason = arch.skip_reason(tag)
                 if reason:
                     item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """pytest-xdist, in the controller: tell each worker how the run is spread (a worker's own ``--dist`` is "no")."""
+    node.workerinput["moe_dist"] = node.config.getoption("dist")
 
 
 @pytest.fixture(autouse=True)

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The project's own tests, set-up included: the README's test command, and what .ci/run calls.
 # On a CPU machine every GPU test skips with its reason; the CPU tier runs reference-ep at EP1/2/4/8.
-# MOE_WORKERS (default auto: ci/workers.py) spreads the run over pytest-xdist workers, each implementation on one
-# worker: without a GPU one per core, up to 2 (on 2 cores the CPU tier took about half one process's time,
-# reference.evidence.SESSION16); on a GPU host one process, as a plain `pytest -m sm90` (three workers on one H200
-# filled its memory and failed cases one process passes, reference.evidence.SESSION14).
+# MOE_WORKERS (default auto: ci/workers.py) spreads the run over pytest-xdist workers: without a GPU one per core, up
+# to 2, each implementation on one (on 2 cores the CPU tier took about half one process's time,
+# reference.evidence.SESSION16); on a GPU host two, every rank-pool test on one and the rest on the other (pools
+# spread over three workers filled one H200's memory, reference.evidence.SESSION14).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py="$(bash ci/setup.sh)"

@@ -1,6 +1,6 @@
 """ci/workers.py: how many pytest-xdist workers ci/test.sh uses. By default (auto) one per core up to 2 without a
-GPU, one process on a GPU host and in a run that a worker's test starts; MOE_WORKERS=N asks for N. An invalid value
-is one line. In a worker, rank pools follow fixtures.dist.pool's rules for a shared host."""
+GPU, two on a GPU host (every rank-pool test on one), one process in a run that a worker's test starts; MOE_WORKERS=N
+asks for N. An invalid value is one line. In a worker, rank pools follow fixtures.dist.pool's rules for a shared host."""
 from __future__ import annotations
 
 import importlib.util
@@ -22,10 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
     (2, False, 2),    # the CPU tier's machine: a worker per core
     (64, False, 2),   # at most CPU_MOST: more is unmeasured
     (1, False, 0),    # one core: one process
-    (16, True, 0),    # one H200 beside 16 cores: one process
-    (128, True, 0),
+    (16, True, 2),    # one H200 beside 16 cores: the rank-pool tests on one worker, the rest on the other
+    (128, True, 2),
+    (4, True, 0),     # too few cores to start pools ahead: one process
 ])
-def test_auto_spreads_a_cpu_machine_and_keeps_a_gpu_host_in_one_process(cores, gpu, expected):
+def test_auto_spreads_a_cpu_machine_and_keeps_a_gpu_hosts_pools_in_one_worker(cores, gpu, expected):
     assert workers.sized(cores, gpu) == expected
 
 
@@ -80,26 +81,48 @@ def test_ci_test_sh_spreads_unless_the_arguments_need_one_process(setting, args)
     assert ("created: " in done.stdout) == spread, done.stdout[-2000:]  # xdist: "created: 2/2 workers"
 
 
-@pytest.mark.parametrize("worker_count, cores, gpu, prefetch, pools", [
-    (None, 16, True, True, 2),    # one process on a GPU host: the next pool starts ahead, two stay alive
-    (None, 2, False, False, 2),   # the CPU tier in one process
-    ("3", 16, True, False, 1),    # three workers on one H200: one pool each, none started ahead (another worker's)
-    ("1", 16, True, False, 1),
-    ("2", 2, False, False, 2),    # the CPU tier's workers: two pools each (one restarted a pool per test of test_history)
+@pytest.mark.parametrize("worker_count, grouped, cores, gpu, prefetch, pools", [
+    (None, False, 16, True, True, 2),   # one process on a GPU host: the next pools start ahead, two stay alive
+    (None, False, 2, False, False, 2),  # the CPU tier in one process
+    ("2", True, 16, True, True, 2),     # ci/test.sh on an H200: the worker of every rank-pool test, as one process
+    ("3", False, 16, True, False, 1),   # rank-pool tests spread over workers on one H200: one pool each, none ahead
+    ("1", False, 16, True, False, 1),
+    ("2", False, 2, False, False, 2),   # the CPU tier's workers: two pools each (one restarted a pool per test of test_history)
 ])
-def test_pools_per_worker_and_ahead_by_host(monkeypatch, worker_count, cores, gpu,
-                                                                      prefetch, pools):
+def test_pools_per_worker_and_ahead_by_host(monkeypatch, worker_count, grouped, cores, gpu, prefetch, pools):
     for name in ("MOE_POOL_PREFETCH", "MOE_MAX_POOLS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(pool, "_GROUPED", [grouped])
     if worker_count:
         monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
         monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", worker_count)
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
-    monkeypatch.setattr(pool, "_gpu_host", lambda: gpu)
+    monkeypatch.setattr(pool, "gpu_host", lambda: gpu)
     assert (pool.prefetch_enabled(), pool.max_pools()) == (prefetch, pools)
     monkeypatch.setenv("MOE_MAX_POOLS", "3")
     monkeypatch.setenv("MOE_POOL_PREFETCH", "0")
     assert (pool.prefetch_enabled(), pool.max_pools()) == (False, 3)
+
+
+def test_on_a_gpu_host_every_rank_pool_test_runs_on_one_worker_and_the_rest_on_the_other(tmp_path):
+    """Two workers of ``--dist loadgroup`` on a host that counts as a GPU host: the rank-pool tests (two EP sizes) on one
+    worker, in the order one process runs them, the tests without a pool on the other (their records' worker)."""
+    line = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "fixtures.options", "-p",
+            "suites.harness.fake_gpu_host", "-n", "2", "--dist", "loadgroup", "-q", "--results-dir", str(tmp_path),
+            "--impl", "reference-ep", "--ep", "1,2", "suites/conformance/test_ep.py::test_same_global_problem_at_every_ep_size",
+            "suites/reference/test_routing.py::test_renormalize_by_hand"]
+    env = _outside_any_test(PYTHONPATH=str(ROOT), MOE_POOL_WARMUP="0")
+    done = subprocess.run(line, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    from fixtures.results import records
+
+    from fixtures.pool_order import OTHER_GROUP, POOL_GROUP
+
+    by_worker = {}
+    for r in records(tmp_path, "tests"):  # pytest-xdist names each test's group after an "@"
+        by_worker.setdefault(r["worker"], []).append((r["impl"], r["ep"], r["test"].rpartition("@")[2]))
+    assert sorted(by_worker.values()) == [[("", 0, OTHER_GROUP)], [("reference-ep", 1, POOL_GROUP),
+                                                                   ("reference-ep", 2, POOL_GROUP)]], by_worker
 
 
 def test_a_child_pytest_forgets_the_worker_it_inherited():
