@@ -19,7 +19,7 @@ import pytest
 import torch
 from hypothesis import settings
 
-from fixtures import arch, cuda_health, host_threads, results, time_spent
+from fixtures import arch, cuda_health, draw_keys, host_threads, results, time_spent
 from fixtures.dist.inprocess import launched_by_torchrun
 from fixtures.dist import pool as rank_pools
 from fixtures.dist.pool import close_all
@@ -92,6 +92,13 @@ def pytest_collection_modifyitems(config, items):
                     item.add_marker(pytest.mark.skip(reason=reason))
 
 
+@pytest.hookimpl(hookwrapper=True, trylast=True)  # inside hypothesis's wrapper, which sets the key from the node id
+def pytest_runtest_call(item):
+    """Under pytest-xdist a test draws what it draws in one process (fixtures.draw_keys)."""
+    draw_keys.drop_group_from_key(item)
+    yield
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node):
     """pytest-xdist, in the controller: tell each worker how the run is spread (a worker's own ``--dist`` is "no")."""
@@ -119,7 +126,7 @@ def pytest_collection_finish(session):
 
     subjects = [Subject(*subject) for subject in upcoming_subjects(session.items)]
     once = list({(s.impl, s.ep_size): s for s in subjects}.values())
-    pool.set_upcoming((s.pool_key for s in subjects), warmup.warm_cases(once))
+    pool.set_upcoming((s.pool_key for s in subjects), warmup.warm_cases(once), warmup.compile_cases(once))
     if not session.config.option.collectonly:
         pool.start_first()
 

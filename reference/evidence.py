@@ -30,8 +30,9 @@ SESSION13 = _DEC03 + "session13.md"  # H200 run 12 (bash ci/test.sh -m sm90) and
 SESSION14 = _DEC03 + "session14.md"  # H200 run 13: three xdist workers on one GPU (not adopted); the CPU tier's cuts
 SESSION16 = _DEC04 + "session16.md"  # H200 runs 15-17: CuTe DSL compile counts; two xdist workers on a CPU machine
 SESSION17 = _DEC04 + "session17.md"  # H200 runs 18-19: pools warm their layers ahead; the whole sm90 run in 1024 s
+SESSION18 = _DEC04 + "session18.md"  # H200 runs 20-21: two xdist workers on a GPU host, pools ahead by cores
 LOGS = (H200_072, RUN1, RUN2, RUN3, RUN4, RUN5, RUN6, RUN7, RUN8, RUN9, SESSION7, RUN10, SESSION11, RUN11, SESSION12,
-        SESSION13, SESSION14, SESSION16, SESSION17)
+        SESSION13, SESSION14, SESSION16, SESSION17, SESSION18)
 
 
 def _raw(day: str, run: str) -> str:

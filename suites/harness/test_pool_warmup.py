@@ -10,7 +10,8 @@ import pytest
 from fixtures import results
 from fixtures.checks import check_oracle
 from fixtures.dist import pool, warmup
-from fixtures.geometries import MODELS, fits, layer_pool, model_skip_reason, model_test_layer
+from fixtures.dist.wire import recv
+from fixtures.geometries import MODELS, layer_pool, model_skip_reason, model_test_layer, model_test_layers
 from fixtures.implementation import load
 from fixtures.problem import BatchCase, LayerCase, Scenario
 from fixtures.results import records
@@ -31,63 +32,45 @@ def _case(ep: int) -> Scenario:
     return Scenario(layer, (BatchCase(tokens=(4,) * ep, seed=1),), ep)
 
 
-def test_a_gpu_subjects_warm_cases_at_ep1_hold_the_model_layers_its_tests_build(monkeypatch):
-    """The model layers come after the pool layers, each the one test_model_geometry (or test_accumulation_limit) of
-    that model builds, so its first build finds the kernel compiled; none at an EP size the model tests skip."""
+def test_the_model_layers_of_gpu_subjects_at_ep1_are_compiled_ahead_by_a_pool_of_their_own(monkeypatch):
+    """Each EP1 model layer a GPU subject's tests build, once, in order, with the warm weights; none at EP2, none of a
+    CPU subject, none without warm-ups."""
+    monkeypatch.delenv("MOE_POOL_WARMUP", raising=False)
     monkeypatch.delenv("MOE_MODEL_EP", raising=False)
     gpu = _subject(1, GPU_SPEC)
-    layers = [Scenario.from_json(c["scenario"]).layer for c in warmup.warm_cases([gpu])[gpu.pool_key]]
-    models = [model_test_layer(m, gpu.caps, 1) for m in MODELS if not fits(m, gpu.caps)]
-    assert len(models) >= 3 and [dataclasses.replace(x, weight_seed=0) for x in layers[2:]] == models
+    compiles = warmup.compile_cases([gpu, _subject(2, GPU_SPEC), _subject(1), gpu])
+    ((key, cases),) = compiles.items()
+    assert key.world_size == 1 and key.tag == warmup.COMPILER_TAG and key != gpu.pool_key
+    layers = [Scenario.from_json(c["scenario"]).layer for c in cases]
+    assert [dataclasses.replace(x, weight_seed=0) for x in layers] == model_test_layers(gpu.caps, 1)
     ran = [model_test_layer(m, gpu.caps, 1) for m in MODELS if not model_skip_reason(m, gpu.caps, 1)]
-    assert set(ran) <= set(models), "a layer test_model_geometry builds is not warmed"
-    assert len(warmup.warm_cases([_subject(2, GPU_SPEC)])[_subject(2, GPU_SPEC).pool_key]) == 2
-    monkeypatch.setenv("MOE_MODEL_EP", "2")
-    assert len(warmup.warm_cases([gpu])[gpu.pool_key]) == 2
+    assert ran and set(ran) <= set(model_test_layers(gpu.caps, 1)), "a layer test_model_geometry builds is missed"
+    assert all(c["op"] == "compile" and x.weight_seed == warmup.WARM_SEED for c, x in zip(cases, layers))
+    monkeypatch.setenv("MOE_POOL_WARMUP", "0")
+    assert warmup.compile_cases([gpu]) == {}
 
 
-class _Layer:
-    def __init__(self, closed, key):
-        self.closed, self.key = closed, key
-
-    def close(self):
-        self.closed.append(self.key)
-
-
-def _cached(runner, closed, *layers):
-    for spec, layer in layers:
-        key = (spec, layer.key())
-        runner.layers[key] = (_Layer(closed, key), [0], [])
-
-
-def test_a_gpu_rank_keeps_its_model_layers_until_their_twins_are_built():
-    """A warm model layer stays while its test builds the same shape (FlashInfer frees a config's compile with its
-    last layer); the warm twin goes first once its test's layer is there; on the CPU one large layer at a time."""
-    from fixtures.dist.rank_runner import LARGE_BYTES_KEPT, RankRunner, _weight_bytes
-
-    caps = load(GPU_SPEC).capabilities
-    big = [dataclasses.replace(model_test_layer(m, caps, 1), weight_seed=warmup.WARM_SEED)
-           for m in MODELS if m.name in ("deepseek-v3", "llama4-scout")]
-    small = [dataclasses.replace(x, weight_seed=warmup.WARM_SEED) for x in layer_pool(caps, 1)]
-    runner, closed = RankRunner(0, 1, lambda phase: None), []
-    _cached(runner, closed, *[(GPU_SPEC, x) for x in small + big[::-1]])  # the layer of the shape coming is oldest
-    test_layer = dataclasses.replace(big[0], weight_seed=7)
-    runner._make_room((GPU_SPEC, test_layer.key()), "cuda")
-    assert closed == [] and LARGE_BYTES_KEPT["cuda"] > 3 * (2 << 30)
-    _cached(runner, closed, (GPU_SPEC, test_layer))
-    runner._make_room((GPU_SPEC, dataclasses.replace(big[1], weight_seed=7).key()), "cuda")
-    assert closed == [], "within the bytes kept, nothing goes"
-    monkeypatch = pytest.MonkeyPatch()
-    monkeypatch.setitem(LARGE_BYTES_KEPT, "cuda", _weight_bytes(big[0]) + 2 * _weight_bytes(big[1]))
-    try:  # past the bytes: the warm twin of the built shape goes, not the warm layer of the shape coming
-        runner._make_room((GPU_SPEC, dataclasses.replace(big[1], weight_seed=7).key()), "cuda")
-    finally:
-        monkeypatch.undo()
-    assert closed == [(GPU_SPEC, big[0].key())] and (GPU_SPEC, big[1].key()) in runner.layers
-    cpu, closed_cpu = RankRunner(0, 1, lambda phase: None), []
-    _cached(cpu, closed_cpu, (GPU_SPEC, big[0]))
-    cpu._make_room((GPU_SPEC, test_layer.key()), "cpu")
-    assert closed_cpu == [(GPU_SPEC, big[0].key())]
+def test_a_pool_that_compiles_ahead_builds_runs_and_closes_each_layer(monkeypatch):
+    """Its rank answers each case with a small "compiled" (no outputs), and closes the layer: the same layer again is
+    built again. close_all kills it."""
+    monkeypatch.setenv("MOE_POOL_PREFETCH", "1")
+    s1 = _subject(1)
+    key = dataclasses.replace(s1.pool_key, tag=warmup.COMPILER_TAG)
+    case = {"op": "compile", "id": "compile/x/0", "impl": "reference-ep", "scenario": _case(1).to_json()}
+    with pool.isolated():
+        pool.set_upcoming([s1.pool_key], {s1.pool_key: ()}, {key: (case, case)})
+        pool._start_compilers()
+        helper = pool._COMPILERS[key]
+        helper._await_ranks()
+        answers = []
+        while len(answers) < 2:
+            msg = recv(helper.ranks[0].conn)
+            if msg["op"] != "phase":
+                answers.append(msg)
+        assert [a["op"] for a in answers] == ["compiled", "compiled"], answers
+        assert [a["value"]["layers_built"] for a in answers] == [1, 1] and "outputs" not in answers[0]["value"]
+        pool.close_all()
+        assert helper.proc.poll() is not None and key not in pool._COMPILERS
 
 
 @pytest.fixture

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ci import workers
 from fixtures.dist import pool
@@ -123,6 +125,38 @@ def test_on_a_gpu_host_every_rank_pool_test_runs_on_one_worker_and_the_rest_on_t
         by_worker.setdefault(r["worker"], []).append((r["impl"], r["ep"], r["test"].rpartition("@")[2]))
     assert sorted(by_worker.values()) == [[("", 0, OTHER_GROUP)], [("reference-ep", 1, POOL_GROUP),
                                                                    ("reference-ep", 2, POOL_GROUP)]], by_worker
+
+
+@settings(derandomize=True, database=None, max_examples=5)
+@given(x=st.integers(0, 10**9))
+def _drawn(x, kind):
+    _SEEN.append(x)
+
+
+_SEEN: list[int] = []
+
+
+def test_a_hypothesis_test_draws_the_same_cases_under_workers_as_in_one_process():
+    """pytest-xdist's "@<group>" suffix of a node id stays out of hypothesis's key (fixtures.draw_keys), so a
+    derandomized test draws the same cases in one process and on a worker."""
+    from types import SimpleNamespace
+
+    from fixtures.draw_keys import drop_group_from_key
+
+    def draws(nodeid, group):
+        inner = _drawn.hypothesis.inner_test
+        inner._hypothesis_internal_add_digest = nodeid.encode()  # as hypothesis's pytest plugin keys it
+        item = SimpleNamespace(obj=_drawn, nodeid=nodeid, get_closest_marker=lambda name: (
+            pytest.mark.xdist_group(group).mark if group and name == "xdist_group" else None))
+        drop_group_from_key(item)
+        _SEEN.clear()
+        _drawn(kind="a")
+        return list(_SEEN)
+
+    one = draws("t.py::test_x[a]", None)
+    assert draws("t.py::test_x[a]@rank-pool tests", "rank-pool tests") == one
+    assert draws("t.py::test_x[b]", None) != one, "the key still tells parametrized cases apart"
+    assert draws("t.py::test_x[a]@g", "other") != one, "only the group pytest-xdist added is dropped"
 
 
 def test_a_child_pytest_forgets_the_worker_it_inherited():
