@@ -126,7 +126,7 @@ def pytest_collection_finish(session):
 
     subjects = [Subject(*subject) for subject in upcoming_subjects(session.items)]
     once = list({(s.impl, s.ep_size): s for s in subjects}.values())
-    pool.set_upcoming((s.pool_key for s in subjects), warmup.warm_cases(once), warmup.compile_cases(once))
+    pool.set_upcoming((s.pool_key for s in subjects), warmup.warm_cases(once))
     if not session.config.option.collectonly:
         pool.start_first()
 

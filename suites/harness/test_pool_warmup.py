@@ -10,8 +10,7 @@ import pytest
 from fixtures import results
 from fixtures.checks import check_oracle
 from fixtures.dist import pool, warmup
-from fixtures.dist.wire import recv
-from fixtures.geometries import MODELS, layer_pool, model_skip_reason, model_test_layer, model_test_layers
+from fixtures.geometries import layer_pool
 from fixtures.implementation import load
 from fixtures.problem import BatchCase, LayerCase, Scenario
 from fixtures.results import records
@@ -32,45 +31,29 @@ def _case(ep: int) -> Scenario:
     return Scenario(layer, (BatchCase(tokens=(4,) * ep, seed=1),), ep)
 
 
-def test_the_model_layers_of_gpu_subjects_at_ep1_are_compiled_ahead_by_a_pool_of_their_own(monkeypatch):
-    """Each EP1 model layer a GPU subject's tests build, once, in order, with the warm weights; none at EP2, none of a
-    CPU subject, none without warm-ups."""
-    monkeypatch.delenv("MOE_POOL_WARMUP", raising=False)
-    monkeypatch.delenv("MOE_MODEL_EP", raising=False)
-    gpu = _subject(1, GPU_SPEC)
-    compiles = warmup.compile_cases([gpu, _subject(2, GPU_SPEC), _subject(1), gpu])
-    ((key, cases),) = compiles.items()
-    assert key.world_size == 1 and key.tag == warmup.COMPILER_TAG and key != gpu.pool_key
-    layers = [Scenario.from_json(c["scenario"]).layer for c in cases]
-    assert [dataclasses.replace(x, weight_seed=0) for x in layers] == model_test_layers(gpu.caps, 1)
-    ran = [model_test_layer(m, gpu.caps, 1) for m in MODELS if not model_skip_reason(m, gpu.caps, 1)]
-    assert ran and set(ran) <= set(model_test_layers(gpu.caps, 1)), "a layer test_model_geometry builds is missed"
-    assert all(c["op"] == "compile" and x.weight_seed == warmup.WARM_SEED for c, x in zip(cases, layers))
-    monkeypatch.setenv("MOE_POOL_WARMUP", "0")
-    assert warmup.compile_cases([gpu]) == {}
+def test_a_rank_that_closes_a_model_layer_gives_its_cached_gpu_memory_back(monkeypatch):
+    """Evicting a large layer empties the rank's CUDA cache (a no-op without CUDA); a small one does not."""
+    import torch
 
+    from fixtures.dist.rank_runner import RankRunner
+    from fixtures.geometries import MODELS, model_layer
 
-def test_a_pool_that_compiles_ahead_builds_runs_and_closes_each_layer(monkeypatch):
-    """Its rank answers each case with a small "compiled" (no outputs), and closes the layer: the same layer again is
-    built again. close_all kills it."""
-    monkeypatch.setenv("MOE_POOL_PREFETCH", "1")
-    s1 = _subject(1)
-    key = dataclasses.replace(s1.pool_key, tag=warmup.COMPILER_TAG)
-    case = {"op": "compile", "id": "compile/x/0", "impl": "reference-ep", "scenario": _case(1).to_json()}
-    with pool.isolated():
-        pool.set_upcoming([s1.pool_key], {s1.pool_key: ()}, {key: (case, case)})
-        pool._start_compilers()
-        helper = pool._COMPILERS[key]
-        helper._await_ranks()
-        answers = []
-        while len(answers) < 2:
-            msg = recv(helper.ranks[0].conn)
-            if msg["op"] != "phase":
-                answers.append(msg)
-        assert [a["op"] for a in answers] == ["compiled", "compiled"], answers
-        assert [a["value"]["layers_built"] for a in answers] == [1, 1] and "outputs" not in answers[0]["value"]
-        pool.close_all()
-        assert helper.proc.poll() is not None and key not in pool._COMPILERS
+    emptied = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
+    caps = load(GPU_SPEC).capabilities
+    large = model_layer(MODELS[0], caps, 1, max_experts=8)
+    runner = RankRunner(0, 1, lambda phase: None)
+
+    class Closed:
+        def close(self):
+            pass
+
+    for layer in (layer_pool(caps, 1)[0], large):
+        runner.layers[(GPU_SPEC, layer.key())] = (Closed(), [0], [])
+    runner._evict(large=False)  # the oldest: the small pool layer
+    assert emptied == [] and len(runner.layers) == 1
+    runner._evict(large=True)
+    assert emptied == [True] and not runner.layers
 
 
 @pytest.fixture

@@ -84,9 +84,9 @@ def test_ci_test_sh_spreads_unless_the_arguments_need_one_process(setting, args)
 
 
 @pytest.mark.parametrize("worker_count, grouped, cores, gpu, prefetch, pools", [
-    (None, False, 16, True, True, 2),   # one process on a GPU host: the next pools start ahead, two stay alive
+    (None, False, 16, True, True, 1),   # one process on a GPU host: the next pools start ahead, no old one stays
     (None, False, 2, False, False, 2),  # the CPU tier in one process
-    ("2", True, 16, True, True, 2),     # ci/test.sh on an H200: the worker of every rank-pool test, as one process
+    ("2", True, 16, True, True, 1),     # ci/test.sh on an H200: the worker of every rank-pool test, as one process
     ("3", False, 16, True, False, 1),   # rank-pool tests spread over workers on one H200: one pool each, none ahead
     ("1", False, 16, True, False, 1),
     ("2", False, 2, False, False, 2),   # the CPU tier's workers: two pools each (one restarted a pool per test of test_history)
