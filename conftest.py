@@ -20,10 +20,11 @@ import torch
 from hypothesis import settings
 
 from fixtures import arch, cuda_health, draw_keys, host_threads, results, time_spent
+from fixtures import settings as moe_settings
 from fixtures.dist.inprocess import launched_by_torchrun
 from fixtures.dist import pool as rank_pools
 from fixtures.dist.pool import close_all
-from fixtures.pool_order import gpu_host_group, pool_order, pool_subject, upcoming_subjects, worker_order
+from fixtures.pool_order import POOL_GROUP, gpu_host_group, pool_order, pool_subject, upcoming_subjects, worker_order
 from fixtures.selection import deselect_other_implementations, ep_skip_reason, selected_ep_sizes, selected_impls
 
 # The hypothesis profile is loaded by fixtures.options (fixtures.profiles), before this module is imported.
@@ -74,7 +75,9 @@ def pytest_collection_modifyitems(config, items):
     # other tests (module-scoped GPU layers), run on one worker.
     # On a GPU host the rank-pool tests stay together in that order on one worker instead (gpu_host_group).
     deselect_other_implementations(config, items)
-    grouped = getattr(config, "workerinput", {}).get("moe_dist") == "loadgroup" and rank_pools.gpu_host()
+    # (not where the nightly pins one worker to each GPU: there each pool's tests go to the worker of its GPU)
+    grouped = (getattr(config, "workerinput", {}).get("moe_dist") == "loadgroup" and rank_pools.gpu_host()
+               and not moe_settings.PIN_WORKER_GPU.get())
     if "PYTEST_XDIST_WORKER" in os.environ and not grouped:
         items.sort(key=worker_order)
     else:
@@ -143,6 +146,8 @@ def pytest_sessionstart(session):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Each test's wall time and its parts (fixtures.time_spent), grouped as its rank pool, for ci.time_budget."""
+    if rank_pools.grouped() and draw_keys.group_suffix(item) == f"@{POOL_GROUP}":
+        rank_pools.owns_the_pools()  # this worker runs the rank-pool tests: it starts their pools ahead
     time_spent.take()
     started, own = time.monotonic(), time_spent.cute_dsl_counts()  # this process's compiles (in-process GPU tests)
     yield

@@ -6,8 +6,8 @@ the nightly hypothesis profile, into one results folder with a report people rea
 
 It detects the GPUs (count and arch) and runs each pytest phase through ``bash ci/test.sh``, the README's test
 command (its set-up, ini and defaults; the nightly adds its profile, the progress lines and the results folder):
-  1. with one GPU (or none): ``bash ci/test.sh -m ARCH --ep 1,2,4,8`` (``junit.xml``): one process on a GPU, the
-     workers ci/test.sh picks without one (``MOE_WORKERS``, each implementation on one worker); with several,
+  1. with one GPU (or none): ``bash ci/test.sh -m ARCH --ep 1,2,4,8`` (``junit.xml``), over the workers ci/test.sh
+     picks (``MOE_WORKERS``: on a GPU the rank-pool tests on one, without one each implementation on one); with several,
      EP1 (``pytest -m ARCH --ep 1``) spread over one pytest-xdist worker per GPU (``--dist loadgroup``: each
      rank pool's tests on one worker), each worker and its rank pools pinned to its GPU (``junit-ep1.xml``),
      then EP2/4/8 (``pytest -m "ARCH and ep" --ep 2,4,8``) in one process that sees every GPU
@@ -80,7 +80,7 @@ def environment(devices: list[int]) -> dict:
 
 def phase_commands(arch: str, devices: list[int], out: Path, extra: list[str]) -> list[tuple[str, list, dict]]:
     """(name, argv, extra environment) per pytest phase. One GPU or none: one phase at every EP size, as ci/test.sh
-    runs it (one process on a GPU; without one, its workers keep each implementation on one worker, so the
+    runs it (on a GPU its workers keep every rank-pool test on one, without one each implementation on one, so the
     EP-invariance checks compare each EP size with EP1 of the same process). Several: EP1 spread over a
     worker per GPU, then the EP > 1 cases only (``-m "ARCH and ep"``: the tests that take no EP size ran
     in the first phase), whose EP-invariance checks skip saying EP1 ran in another process."""

@@ -265,3 +265,20 @@ def test_a_narrower_new_run_fixes_nothing_it_did_not_run(tmp_path):
     assert "failed in OLD, not tested in NEW: [oracle] other at EP1" in lines, lines
     assert "fixed: [oracle] k at EP1" in lines and not any("faulty" in line or "[routing-op]" in line for line in lines)
     assert sum("holds no JUnit file" in line for line in lines) == 2 and code == 0, lines
+
+
+def test_a_junit_test_name_is_the_same_with_and_without_an_xdist_group():
+    """pytest-xdist's ``--dist loadgroup`` appends "@<group>" to each name (a GPU host's two workers): a run spread
+    over workers compares with one that was not; an "@" inside the parameters stays."""
+    from xml.etree import ElementTree
+
+    from fixtures.results import junit_nodeid
+
+    def case(name):
+        return ElementTree.fromstring(f'<testcase classname="suites.x.test_y" name="{name}"/>')
+
+    assert junit_nodeid(case("test_z[a-EP1]@rank-pool tests")) == junit_nodeid(case("test_z[a-EP1]")) == \
+        "suites/x/test_y.py::test_z[a-EP1]"
+    assert junit_nodeid(case("test_z[faulty:f@a]")) == "suites/x/test_y.py::test_z[faulty:f@a]"
+    assert junit_nodeid(case("test_z[faulty:f@a]@g")) == "suites/x/test_y.py::test_z[faulty:f@a]"
+    assert junit_nodeid(case("test_w@tests without a rank pool")) == "suites/x/test_y.py::test_w"

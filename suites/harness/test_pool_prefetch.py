@@ -24,6 +24,7 @@ def _case(ep: int) -> tuple[Subject, Scenario]:
 @pytest.fixture
 def upcoming(monkeypatch):
     monkeypatch.setenv("MOE_POOL_PREFETCH", "1")
+    monkeypatch.setattr(pool, "ahead_ranks", lambda: 0)  # the next pool only, on any host
     with pool.isolated():
         yield pool.set_upcoming
 

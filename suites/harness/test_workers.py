@@ -84,17 +84,18 @@ def test_ci_test_sh_spreads_unless_the_arguments_need_one_process(setting, args)
 
 
 @pytest.mark.parametrize("worker_count, grouped, cores, gpu, prefetch, pools", [
-    (None, False, 16, True, True, 1),   # one process on a GPU host: the next pools start ahead, no old one stays
-    (None, False, 2, False, False, 2),  # the CPU tier in one process
-    ("2", True, 16, True, True, 1),     # ci/test.sh on an H200: the worker of every rank-pool test, as one process
-    ("3", False, 16, True, False, 1),   # rank-pool tests spread over workers on one H200: one pool each, none ahead
-    ("1", False, 16, True, False, 1),
-    ("2", False, 2, False, False, 2),   # the CPU tier's workers: two pools each (one restarted a pool per test of test_history)
+    (None, (False, False), 16, True, True, 1),  # one process on a GPU host: the next pools start ahead, no old one stays
+    (None, (False, False), 2, False, False, 2),  # the CPU tier in one process
+    ("2", (True, True), 16, True, True, 1),      # ci/test.sh on an H200: the worker of the rank-pool tests, as one process
+    ("2", (True, False), 16, True, False, 1),    # ... and the other worker: none ahead (a harness test's pool is its own)
+    ("3", (False, False), 16, True, False, 1),   # rank-pool tests spread over workers on one H200: one pool each, none ahead
+    ("1", (False, False), 16, True, False, 1),
+    ("2", (False, False), 2, False, False, 2),   # the CPU tier's workers: two pools each (one restarted a pool per test of test_history)
 ])
 def test_pools_per_worker_and_ahead_by_host(monkeypatch, worker_count, grouped, cores, gpu, prefetch, pools):
     for name in ("MOE_POOL_PREFETCH", "MOE_MAX_POOLS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(pool, "_GROUPED", [grouped])
+    monkeypatch.setattr(pool, "_GROUPED", list(grouped))
     if worker_count:
         monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
         monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", worker_count)
@@ -106,25 +107,28 @@ def test_pools_per_worker_and_ahead_by_host(monkeypatch, worker_count, grouped, 
     assert (pool.prefetch_enabled(), pool.max_pools()) == (False, 3)
 
 
-def test_on_a_gpu_host_every_rank_pool_test_runs_on_one_worker_and_the_rest_on_the_other(tmp_path):
+@pytest.mark.parametrize("pinned", [False, True])
+def test_on_a_gpu_host_every_rank_pool_test_runs_on_one_worker_and_the_rest_on_the_other(tmp_path, pinned):
     """Two workers of ``--dist loadgroup`` on a host that counts as a GPU host: the rank-pool tests (two EP sizes) on one
-    worker, in the order one process runs them, the tests without a pool on the other (their records' worker)."""
+    worker, in the order one process runs them, the tests without a pool on the other (their records' worker). Where
+    the nightly pins a worker to each GPU (MOE_PIN_WORKER_GPU), each implementation's tests are a group, as without a
+    GPU."""
+    from fixtures.pool_order import OTHER_GROUP, POOL_GROUP
+    from fixtures.results import records
+
     line = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "fixtures.options", "-p",
             "suites.harness.fake_gpu_host", "-n", "2", "--dist", "loadgroup", "-q", "--results-dir", str(tmp_path),
             "--impl", "reference-ep", "--ep", "1,2", "suites/conformance/test_ep.py::test_same_global_problem_at_every_ep_size",
             "suites/reference/test_routing.py::test_renormalize_by_hand"]
-    env = _outside_any_test(PYTHONPATH=str(ROOT), MOE_POOL_WARMUP="0")
+    env = _outside_any_test(PYTHONPATH=str(ROOT), MOE_POOL_WARMUP="0", MOE_PIN_WORKER_GPU=str(int(pinned)))
     done = subprocess.run(line, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    from fixtures.results import records
-
-    from fixtures.pool_order import OTHER_GROUP, POOL_GROUP
-
+    others, pools = ("test_routing", "reference-ep") if pinned else (OTHER_GROUP, POOL_GROUP)
     by_worker = {}
     for r in records(tmp_path, "tests"):  # pytest-xdist names each test's group after an "@"
         by_worker.setdefault(r["worker"], []).append((r["impl"], r["ep"], r["test"].rpartition("@")[2]))
-    assert sorted(by_worker.values()) == [[("", 0, OTHER_GROUP)], [("reference-ep", 1, POOL_GROUP),
-                                                                   ("reference-ep", 2, POOL_GROUP)]], by_worker
+    assert sorted(by_worker.values()) == [[("", 0, others)], [("reference-ep", 1, pools), ("reference-ep", 2, pools)]], \
+        by_worker
 
 
 @settings(derandomize=True, database=None, max_examples=5)
