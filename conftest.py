@@ -24,7 +24,7 @@ from fixtures import settings as moe_settings
 from fixtures.dist.inprocess import launched_by_torchrun
 from fixtures.dist import pool as rank_pools
 from fixtures.dist.pool import close_all
-from fixtures.pool_order import POOL_GROUP, gpu_host_group, pool_order, pool_subject, upcoming_subjects, worker_order
+from fixtures.pool_order import POOL_GROUPS, gpu_host_group, pool_order, pool_subject, upcoming_subjects, worker_order
 from fixtures.selection import deselect_other_implementations, ep_skip_reason, selected_ep_sizes, selected_impls
 
 # The hypothesis profile is loaded by fixtures.options (fixtures.profiles), before this module is imported.
@@ -73,7 +73,8 @@ def pytest_collection_modifyitems(config, items):
     # another backend, and larger EP sizes compare with EP1's results. Under ``-n N --dist loadgroup`` (ci/test.sh
     # without a GPU, or MOE_WORKERS=N: ci/workers.py) each implementation's tests, EP1 first, and each module of
     # other tests (module-scoped GPU layers), run on one worker.
-    # On a GPU host the rank-pool tests stay together in that order on one worker instead (gpu_host_group).
+    # On a GPU host the rank-pool tests stay in that order in two groups, EP1 and the larger EP sizes, each on one
+    # worker, and the other tests go to a third (gpu_host_group).
     deselect_other_implementations(config, items)
     # (not where the nightly pins one worker to each GPU: there each pool's tests go to the worker of its GPU)
     grouped = (getattr(config, "workerinput", {}).get("moe_dist") == "loadgroup" and rank_pools.gpu_host()
@@ -129,7 +130,9 @@ def pytest_collection_finish(session):
 
     subjects = [Subject(*subject) for subject in upcoming_subjects(session.items)]
     once = list({(s.impl, s.ep_size): s for s in subjects}.values())
-    pool.set_upcoming((s.pool_key for s in subjects), warmup.warm_cases(once))
+    by_group = {group: [Subject(*s).pool_key for s in upcoming_subjects(session.items, group)]
+                for group in POOL_GROUPS} if pool.grouped() else None
+    pool.set_upcoming((s.pool_key for s in subjects), warmup.warm_cases(once), by_group)
     if not session.config.option.collectonly:
         pool.start_first()
 
@@ -146,8 +149,9 @@ def pytest_sessionstart(session):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Each test's wall time and its parts (fixtures.time_spent), grouped as its rank pool, for ci.time_budget."""
-    if rank_pools.grouped() and draw_keys.group_suffix(item) == f"@{POOL_GROUP}":
-        rank_pools.owns_the_pools()  # this worker runs the rank-pool tests: it starts their pools ahead
+    group = draw_keys.group_suffix(item)[1:]
+    if rank_pools.grouped() and group in POOL_GROUPS:
+        rank_pools.owns_the_pools(group)  # this worker runs these rank-pool tests: it starts their pools ahead
     time_spent.take()
     started, own = time.monotonic(), time_spent.cute_dsl_counts()  # this process's compiles (in-process GPU tests)
     yield

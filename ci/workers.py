@@ -3,11 +3,13 @@
     python -m ci.workers      # MOE_WORKERS (default auto); ci/test.sh asks it unless that is 0
 
 ``MOE_WORKERS=auto``, the default, decides by the host:
-- a host with a GPU and ``GPU_CORES`` cores: two workers. Every test on a rank pool runs on one of them, in the
-  order one process runs them, with its pools started ahead and warmed; the tests that need no pool (in-process GPU
-  tests: 200 s of H200 run 18, reference.evidence.SESSION17) run on the other meanwhile. Pools spread over three
-  workers filled one H200's memory, hung two of them and failed cases that one process passes
-  (reference.evidence.SESSION14): the pools stay in one process.
+- a host with a GPU and ``GPU_CORES`` cores: three workers. The tests on rank pools at EP1 run on one, those at the
+  larger EP sizes on another, each in the order one process runs them with its pools started ahead and warmed
+  (fixtures.pool_order.pool_group); the tests that need no pool (in-process GPU tests: 200 s of H200 run 22) run on
+  the third meanwhile. One worker for every pool test took 651 s of that run's 723 (reference.evidence.SESSION19).
+  Pools spread by implementation over three workers filled one H200's memory, hung two of them and failed cases
+  that one process passes (reference.evidence.SESSION14): the EP1 pools, whose model-geometry ranks hold up to
+  37 GB, stay in one process.
 - a host without pytest-xdist, or a GPU host with fewer cores: one process.
 - a host without a GPU: one worker per core it may use, at most ``CPU_MOST``. Its run is Python processes starting
   and computing, and one process keeps about one core busy: on 2 cores two workers took the CPU tier to about half
@@ -28,13 +30,14 @@ from ci import cli
 # Measured on 2 cores only (reference.evidence.SESSION16): more workers on a larger CPU machine are unmeasured, and
 # each worker pays its own start-up and collection.
 CPU_MOST = 2
-GPU_CORES = 8  # a GPU host's pools start ahead with 8 cores (fixtures.dist.pool.PREFETCH_CORES); two workers need them
+GPU_CORES = 8  # a GPU host's pools start ahead with 8 cores (fixtures.dist.pool.PREFETCH_CORES); its workers need them
+GPU_WORKERS = 3  # EP1 pools, larger EP sizes' pools, tests without a pool (fixtures.pool_order.gpu_host_group)
 
 
 def sized(cores: int, gpu: bool) -> int:
     """Workers for ``auto`` on a host with ``cores`` cores, with or without a GPU (0: one process)."""
     if gpu:
-        return 2 if cores >= GPU_CORES else 0
+        return GPU_WORKERS if cores >= GPU_CORES else 0
     if cores < 2:
         return 0
     return min(CPU_MOST, cores)

@@ -31,8 +31,9 @@ SESSION14 = _DEC03 + "session14.md"  # H200 run 13: three xdist workers on one G
 SESSION16 = _DEC04 + "session16.md"  # H200 runs 15-17: CuTe DSL compile counts; two xdist workers on a CPU machine
 SESSION17 = _DEC04 + "session17.md"  # H200 runs 18-19: pools warm their layers ahead; the whole sm90 run in 1024 s
 SESSION18 = _DEC04 + "session18.md"  # H200 runs 20-21: two xdist workers on a GPU host, pools ahead by cores
+SESSION19 = _DEC04 + "session19.md"  # H200 runs 22-23: the sm90 run in 723 s; EP1 and larger EP sizes on two workers
 LOGS = (H200_072, RUN1, RUN2, RUN3, RUN4, RUN5, RUN6, RUN7, RUN8, RUN9, SESSION7, RUN10, SESSION11, RUN11, SESSION12,
-        SESSION13, SESSION14, SESSION16, SESSION17, SESSION18)
+        SESSION13, SESSION14, SESSION16, SESSION17, SESSION18, SESSION19)
 
 
 def _raw(day: str, run: str) -> str:

@@ -31,6 +31,7 @@ def _invariance_scenario(caps, ep: int) -> Scenario:
     return Scenario(layer, (batch,), ep, ("ep-invariance",))
 
 
+@pytest.mark.ep_baseline  # its EP1 case must run in the process of its larger EP sizes (fixtures.pool_order.pool_group)
 def test_same_global_problem_at_every_ep_size(subject):
     """EP-size invariance: the global output does not depend on how experts and tokens are split. Each EP
     size runs the same global problem (held to the recipe by the oracle) and is compared with EP1's output:

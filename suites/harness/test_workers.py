@@ -1,6 +1,6 @@
 """ci/workers.py: how many pytest-xdist workers ci/test.sh uses. By default (auto) one per core up to 2 without a
-GPU, two on a GPU host (every rank-pool test on one), one process in a run that a worker's test starts; MOE_WORKERS=N
-asks for N. An invalid value is one line. In a worker, rank pools follow fixtures.dist.pool's rules for a shared host."""
+GPU, three on a GPU host (EP1 pools, larger EP sizes' pools, the rest), one process in a run that a worker's test
+starts; MOE_WORKERS=N asks for N. An invalid value is one line. In a worker, rank pools follow fixtures.dist.pool's rules for a shared host."""
 from __future__ import annotations
 
 import importlib.util
@@ -24,11 +24,11 @@ ROOT = Path(__file__).resolve().parents[2]
     (2, False, 2),    # the CPU tier's machine: a worker per core
     (64, False, 2),   # at most CPU_MOST: more is unmeasured
     (1, False, 0),    # one core: one process
-    (16, True, 2),    # one H200 beside 16 cores: the rank-pool tests on one worker, the rest on the other
-    (128, True, 2),
+    (16, True, 3),    # one H200 beside 16 cores: EP1 pools, larger EP sizes' pools, tests without a pool
+    (128, True, 3),
     (4, True, 0),     # too few cores to start pools ahead: one process
 ])
-def test_auto_spreads_a_cpu_machine_and_keeps_a_gpu_hosts_pools_in_one_worker(cores, gpu, expected):
+def test_auto_spreads_a_cpu_machine_and_a_gpu_hosts_pool_groups(cores, gpu, expected):
     assert workers.sized(cores, gpu) == expected
 
 
@@ -86,8 +86,8 @@ def test_ci_test_sh_spreads_unless_the_arguments_need_one_process(setting, args)
 @pytest.mark.parametrize("worker_count, grouped, cores, gpu, prefetch, pools", [
     (None, (False, False), 16, True, True, 1),  # one process on a GPU host: the next pools start ahead, no old one stays
     (None, (False, False), 2, False, False, 2),  # the CPU tier in one process
-    ("2", (True, True), 16, True, True, 1),      # ci/test.sh on an H200: the worker of the rank-pool tests, as one process
-    ("2", (True, False), 16, True, False, 1),    # ... and the other worker: none ahead (a harness test's pool is its own)
+    ("3", (True, "rank-pool tests at EP1"), 16, True, True, 1),  # ci/test.sh on an H200: a worker of a pool group
+    ("3", (True, None), 16, True, False, 1),     # ... and the other worker: none ahead (a harness test's pool is its own)
     ("3", (False, False), 16, True, False, 1),   # rank-pool tests spread over workers on one H200: one pool each, none ahead
     ("1", (False, False), 16, True, False, 1),
     ("2", (False, False), 2, False, False, 2),   # the CPU tier's workers: two pools each (one restarted a pool per test of test_history)
@@ -108,27 +108,36 @@ def test_pools_per_worker_and_ahead_by_host(monkeypatch, worker_count, grouped, 
 
 
 @pytest.mark.parametrize("pinned", [False, True])
-def test_on_a_gpu_host_every_rank_pool_test_runs_on_one_worker_and_the_rest_on_the_other(tmp_path, pinned):
-    """Two workers of ``--dist loadgroup`` on a host that counts as a GPU host: the rank-pool tests (two EP sizes) on one
-    worker, in the order one process runs them, the tests without a pool on the other (their records' worker). Where
+def test_on_a_gpu_host_ep1_pools_larger_ep_sizes_and_the_rest_run_on_three_workers(tmp_path, pinned):
+    """Three workers of ``--dist loadgroup`` on a host that counts as a GPU host: the rank-pool tests at EP1 on one, in
+    the order one process runs them, those at EP2 on another with the EP-invariance test's EP1 case (``ep_baseline``:
+    EP2 is compared with it in that process), the tests without a pool on the third (their records' worker). Where
     the nightly pins a worker to each GPU (MOE_PIN_WORKER_GPU), each implementation's tests are a group, as without a
     GPU."""
-    from fixtures.pool_order import OTHER_GROUP, POOL_GROUP
+    from fixtures.pool_order import EP1_GROUP, LARGER_EP_GROUP, OTHER_GROUP
     from fixtures.results import records
 
     line = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "fixtures.options", "-p",
-            "suites.harness.fake_gpu_host", "-n", "2", "--dist", "loadgroup", "-q", "--results-dir", str(tmp_path),
+            "suites.harness.fake_gpu_host", "-n", "3", "--dist", "loadgroup", "-q", "--results-dir", str(tmp_path),
             "--impl", "reference-ep", "--ep", "1,2", "suites/conformance/test_ep.py::test_same_global_problem_at_every_ep_size",
+            "suites/conformance/test_ep.py::test_ranks_go_idle_independently[reference-ep-EP1-0]",
+            "suites/conformance/test_ep.py::test_ranks_go_idle_independently[reference-ep-EP2-0]",
             "suites/reference/test_routing.py::test_renormalize_by_hand"]
     env = _outside_any_test(PYTHONPATH=str(ROOT), MOE_POOL_WARMUP="0", MOE_PIN_WORKER_GPU=str(int(pinned)))
     done = subprocess.run(line, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    others, pools = ("test_routing", "reference-ep") if pinned else (OTHER_GROUP, POOL_GROUP)
     by_worker = {}
     for r in records(tmp_path, "tests"):  # pytest-xdist names each test's group after an "@"
-        by_worker.setdefault(r["worker"], []).append((r["impl"], r["ep"], r["test"].rpartition("@")[2]))
-    assert sorted(by_worker.values()) == [[("", 0, others)], [("reference-ep", 1, pools), ("reference-ep", 2, pools)]], \
-        by_worker
+        name = r["test"].rpartition("@")[0].split("::")[1].split("[")[0]
+        by_worker.setdefault(r["worker"], []).append((name, r["ep"], r["test"].rpartition("@")[2]))
+    same, idle = "test_same_global_problem_at_every_ep_size", "test_ranks_go_idle_independently"
+    if pinned:
+        want = [[("test_renormalize_by_hand", 0, "test_routing")],
+                [(same, 1, "reference-ep"), (idle, 1, "reference-ep"), (same, 2, "reference-ep"), (idle, 2, "reference-ep")]]
+    else:
+        want = [[("test_renormalize_by_hand", 0, OTHER_GROUP)], [(idle, 1, EP1_GROUP)],
+                [(same, 1, LARGER_EP_GROUP), (same, 2, LARGER_EP_GROUP), (idle, 2, LARGER_EP_GROUP)]]
+    assert sorted(by_worker.values()) == sorted(want), by_worker
 
 
 @settings(derandomize=True, database=None, max_examples=5)
