@@ -1,6 +1,7 @@
-"""How far an FP8 per-tensor kernel is from its recipe under three models of the GEMM accumulator.
+"""How far an FP8 kernel is from its recipe under three models of the FC1 GEMM's accumulator.
 
     python -m evidence.probes.accum_probe --impl 'sm90_fp8_fp8_bf16_pull_cutedsl[per_tensor]' [--impl ...] [--scenario JSON ...]
+    python -m evidence.probes.accum_probe --impl sm90_fp8_mxfp4_bf16_pull_cutedsl --fp4-deepseek
 
 Runs each scenario through each implementation once and compares every rank's output with the recipe
 evaluated three ways (relative L2 and the least-squares gain out ~ gain * ref):
@@ -8,7 +9,12 @@ evaluated three ways (relative L2 and the least-squares gain out ~ gain * ref):
   fast    the recipe's FP8 GEMMs through ``torch._scaled_mm(use_fast_accum=True)``: the tensor cores'
           reduced-precision accumulator over the whole K (what FlashInfer's own reference calls 1xacc);
   chunked the same GEMMs promoted to fp32 every 128 K (FlashInfer's 2xacc model).
-Needs an FP8 tensor-core GPU (SM89+). A diagnostic for the per_tensor recipe's accumulation, not a check.
+The per_tensor recipe's activations are e4m3 values (static scale 1) and both GEMMs are modelled; the FP8 x FP4
+recipes' activations carry one scale per token, recovered per row, their E2M1 weights are e4m3 values times a power of
+two, and only FC1 (K = hidden) is modelled: FC2's 1x64 blocks are not one scale a row. The column ``exact-ops`` says
+whether the operands were recovered bit for bit. ``--fp4-deepseek``: the DeepSeek-V3 batch that failed the FP8 x
+FP4 pull kernels in H200 runs 20-22, and the same layer at smaller hidden sizes (how the error grows with K).
+Needs an FP8 tensor-core GPU (SM89+). A diagnostic, not a check.
 """
 from __future__ import annotations
 
@@ -53,15 +59,32 @@ DEFAULT_SCENARIOS = [
 ]
 
 
-def _fp8_mm(fast: bool, k_chunk: int | None):
-    """A ``rounded_mm`` stand-in: ``a`` holds e4m3 values (static scale 1), ``b`` one expert's weights,
-    e4m3 payload times one fp32 scale; both recovered exactly and multiplied on the tensor cores."""
+def _fp4_deepseek() -> list[dict]:
+    batch = _batch([63], "DeepSeekV3", n_group=8, topk_group=4, routed_scaling_factor=2.5)
+    return [{"batches": [batch], "ep_size": 1, "labels": [f"dsv3-H{h}"], "layer": _layer(h, 2048, 16, 8)}
+            for h in (1024, 2048, 4096, 7168)]
+
+
+_EXACT_OPERANDS: list[bool] = []
+
+
+def _fp8_mm(fast: bool, k_chunk: int | None, per_token: bool = False, only_k: int | None = None):
+    """A ``rounded_mm`` stand-in: ``a`` holds e4m3 values (static scale 1; ``per_token``: times one scale a row),
+    ``b`` one expert's weights, e4m3 payload times one scale (a power of two with ``per_token``); both recovered
+    and multiplied on the tensor cores. With ``only_k`` a GEMM of another reduction length is left exact."""
     exact = moe.rounded_mm
 
     def mm(a, b, with_magnitude=False):
+        if only_k is not None and a.shape[1] != only_k:
+            return exact(a, b, with_magnitude=with_magnitude)
         scale = (b.abs().amax() / _E4M3_MAX).clamp_min(1e-12)
+        if per_token:
+            scale = torch.exp2(torch.ceil(torch.log2(scale)))
         bq = (b / scale).to(torch.float8_e4m3fn)
-        aq = a.to(torch.float8_e4m3fn)
+        row = (a.abs().amax(1, keepdim=True) / _E4M3_MAX).clamp_min(1e-30) if per_token else None
+        aq = (a / row if per_token else a).to(torch.float8_e4m3fn)
+        _EXACT_OPERANDS.append(bool((bq.float() * scale == b).all()) and bool(
+            (torch.isclose(aq.float() * row, a, rtol=1e-6, atol=0) if per_token else aq.float() == a).all()))
         rows = a.shape[0]
         pad = (-rows) % 16
         if pad:
@@ -73,16 +96,17 @@ def _fp8_mm(fast: bool, k_chunk: int | None):
         for lo, hi in chunks:
             out += torch._scaled_mm(aq[:, lo:hi].contiguous(), bq[:, lo:hi].t(), one, scale.float(),
                                     out_dtype=torch.float32, use_fast_accum=fast)
-        out = out[:rows]
+        out = out[:rows] * row if per_token else out[:rows]
         return (out, exact(a, b, with_magnitude=True)[1]) if with_magnitude else out
     return mm
 
 
 @contextlib.contextmanager
-def _accumulator(model: str):
+def _accumulator(model: str, per_token: bool, hidden: int):
     saved = moe.rounded_mm
     if model != "exact":
-        moe.rounded_mm = _fp8_mm(fast=model == "fast", k_chunk=128 if model == "chunked" else None)
+        moe.rounded_mm = _fp8_mm(fast=model == "fast", k_chunk=128 if model == "chunked" else None,
+                                 per_token=per_token, only_k=hidden if per_token else None)
     try:
         yield
     finally:
@@ -97,9 +121,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--impl", action="append", required=True)
     p.add_argument("--scenario", action="append", help="scenario JSON (default: the built-in list)")
+    p.add_argument("--fp4-deepseek", action="store_true", help="the FP8 x FP4 DeepSeek-V3 batch at four hidden sizes")
     a = p.parse_args(argv)
-    texts = a.scenario or [json.dumps(s) for s in DEFAULT_SCENARIOS]
-    print(f"{'impl':58} {'case':16} {'model':8} {'rel-L2':>8} {'gain':>8}")
+    texts = a.scenario or [json.dumps(s) for s in (_fp4_deepseek() if a.fp4_deepseek else DEFAULT_SCENARIOS)]
+    print(f"{'impl':58} {'case':16} {'model':8} {'rel-L2':>8} {'gain':>8} {'exact-ops':>9}")
     try:
         for spec in a.impl:
             for text in texts:
@@ -107,13 +132,15 @@ def main(argv=None) -> int:
                 subject = Subject(spec, load(spec), scenario.ep_size)
                 run = run_scenario(subject, scenario)
                 out = torch.cat(run.outputs[0])
+                recipe = subject.recipe_for(scenario)
                 for model in ("exact", "fast", "chunked"):
-                    with _accumulator(model):
+                    _EXACT_OPERANDS.clear()
+                    with _accumulator(model, recipe.act.per_token, scenario.layer.hidden):
                         oracle.clear()
-                        ref = oracle.expected(scenario, subject.recipe_for(scenario),
-                                              oracle.oracle_device(subject))[0].ref
+                        ref = oracle.expected(scenario, recipe, oracle.oracle_device(subject))[0].ref
                     rel = float((out - ref).norm() / ref.norm()) if ref.norm() > 0 else float("nan")
-                    print(f"{spec:58} {scenario.labels[0]:16} {model:8} {rel:8.4f} {_gain(out, ref):8.4f}",
+                    ops = "-" if not _EXACT_OPERANDS else "yes" if all(_EXACT_OPERANDS) else "NO"
+                    print(f"{spec:58} {scenario.labels[0]:16} {model:8} {rel:8.4f} {_gain(out, ref):8.4f} {ops:>9}",
                           flush=True)
     finally:
         close_all()
