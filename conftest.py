@@ -24,7 +24,8 @@ from fixtures import settings as moe_settings
 from fixtures.dist.inprocess import launched_by_torchrun
 from fixtures.dist import pool as rank_pools
 from fixtures.dist.pool import close_all
-from fixtures.pool_order import POOL_GROUPS, gpu_host_group, pool_order, pool_subject, upcoming_subjects, worker_order
+from fixtures.pool_order import (POOL_GROUPS, gpu_host_group, pool_order, pool_subject, upcoming_by_group,
+                                 upcoming_subjects, worker_order)
 from fixtures.selection import deselect_other_implementations, ep_skip_reason, selected_ep_sizes, selected_impls
 
 # The hypothesis profile is loaded by fixtures.options (fixtures.profiles), before this module is imported.
@@ -130,9 +131,10 @@ def pytest_collection_finish(session):
 
     subjects = [Subject(*subject) for subject in upcoming_subjects(session.items)]
     once = list({(s.impl, s.ep_size): s for s in subjects}.values())
-    by_group = {group: [Subject(*s).pool_key for s in upcoming_subjects(session.items, group)]
-                for group in POOL_GROUPS} if pool.grouped() else None
-    pool.set_upcoming((s.pool_key for s in subjects), warmup.warm_cases(once), by_group)
+    by_group = {group: [Subject(*s).pool_key for s in found]
+                for group, found in upcoming_by_group(session.items).items()} if pool.grouped() else None
+    # in a grouped run a worker's upcoming pools are its group's, from its first test of one (pool.owns_the_pools)
+    pool.set_upcoming([] if by_group is not None else (s.pool_key for s in subjects), warmup.warm_cases(once), by_group)
     if not session.config.option.collectonly:
         pool.start_first()
 

@@ -7,12 +7,12 @@ the nightly hypothesis profile, into one results folder with a report people rea
 It detects the GPUs (count and arch) and runs each pytest phase through ``bash ci/test.sh``, the README's test
 command (its set-up, ini and defaults; the nightly adds its profile, the progress lines and the results folder):
   1. with one GPU (or none): ``bash ci/test.sh -m ARCH --ep 1,2,4,8`` (``junit.xml``), over the workers ci/test.sh
-     picks (``MOE_WORKERS``: on a GPU the rank-pool tests on one, without one each implementation on one); with several,
-     EP1 (``pytest -m ARCH --ep 1``) spread over one pytest-xdist worker per GPU (``--dist loadgroup``: each
-     rank pool's tests on one worker), each worker and its rank pools pinned to its GPU (``junit-ep1.xml``),
-     then EP2/4/8 (``pytest -m "ARCH and ep" --ep 2,4,8``) in one process that sees every GPU
-     (``junit-ep2-8.xml``): a backend takes a GPU per rank where there are enough and shares GPU 0 where it
-     may and there are not (fixtures.placement; each per-case record says which);
+     picks (``MOE_WORKERS``: on a GPU, with model layers at every EP size, the rank-pool tests on one; without one
+     each implementation on one); with several, EP1 (``pytest -m ARCH --ep 1``) spread over one pytest-xdist
+     worker per GPU (``--dist loadgroup``: each rank pool's tests on one worker), each worker and its rank pools
+     pinned to its GPU (``junit-ep1.xml``), then EP2/4/8 (``pytest -m "ARCH and ep" --ep 2,4,8``) in one process
+     that sees every GPU (``junit-ep2-8.xml``): a backend takes a GPU per rank where there are enough and shares
+     GPU 0 where it may and there are not (fixtures.placement; each per-case record says which);
   2. ``python -m tools.bench_latency`` (a GPU only), then ``python -m ci.report``.
 The folder holds the JUnit files, the per-case records, ``env.json`` (versions, GPUs,
 driver, commit, each phase's wall time), ``api.json`` (the FlashInfer API snapshot, for ci.compare_runs),
@@ -80,7 +80,8 @@ def environment(devices: list[int]) -> dict:
 
 def phase_commands(arch: str, devices: list[int], out: Path, extra: list[str]) -> list[tuple[str, list, dict]]:
     """(name, argv, extra environment) per pytest phase. One GPU or none: one phase at every EP size, as ci/test.sh
-    runs it (on a GPU its workers keep every rank-pool test on one, without one each implementation on one, so the
+    runs it (on a GPU, with the nightly's model layers at every EP size, its workers keep every rank-pool test on one;
+    without one each implementation on one, so the
     EP-invariance checks compare each EP size with EP1 of the same process). Several: EP1 spread over a
     worker per GPU, then the EP > 1 cases only (``-m "ARCH and ep"``: the tests that take no EP size ran
     in the first phase), whose EP-invariance checks skip saying EP1 ran in another process."""

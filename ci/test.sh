@@ -3,8 +3,8 @@
 # On a CPU machine every GPU test skips with its reason; the CPU tier runs reference-ep at EP1/2/4/8.
 # MOE_WORKERS (default auto: ci/workers.py) spreads the run over pytest-xdist workers: without a GPU one per core, up
 # to 2, each implementation on one (on 2 cores the CPU tier took about half one process's time,
-# reference.evidence.SESSION16); on a GPU host two, every rank-pool test on one and the rest on the other (pools
-# spread over three workers filled one H200's memory, reference.evidence.SESSION14).
+# reference.evidence.SESSION16); on a GPU host three, the rank-pool tests at EP1 on one, at larger EP sizes on another
+# and the rest on the third (fixtures.pool_order.gpu_host_group; 560 s for -m sm90, reference.evidence.SESSION19).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py="$(bash ci/setup.sh)"

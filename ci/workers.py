@@ -7,6 +7,7 @@
   larger EP sizes on another, each in the order one process runs them with its pools started ahead and warmed
   (fixtures.pool_order.pool_group); the tests that need no pool (in-process GPU tests: 200 s of H200 run 22) run on
   the third meanwhile. One worker for every pool test took 651 s of that run's 723 (reference.evidence.SESSION19).
+  Where the model layers run at every EP size (the nightly profile) every rank-pool test stays on one worker.
   Pools spread by implementation over three workers filled one H200's memory, hung two of them and failed cases
   that one process passes (reference.evidence.SESSION14): the EP1 pools, whose model-geometry ranks hold up to
   37 GB, stay in one process.
@@ -26,12 +27,13 @@ import os
 import sys
 
 from ci import cli
+from fixtures.pool_order import SPREAD_GROUPS
 
 # Measured on 2 cores only (reference.evidence.SESSION16): more workers on a larger CPU machine are unmeasured, and
 # each worker pays its own start-up and collection.
 CPU_MOST = 2
 GPU_CORES = 8  # a GPU host's pools start ahead with 8 cores (fixtures.dist.pool.PREFETCH_CORES); its workers need them
-GPU_WORKERS = 3  # EP1 pools, larger EP sizes' pools, tests without a pool (fixtures.pool_order.gpu_host_group)
+GPU_WORKERS = len(SPREAD_GROUPS) + 1  # EP1 pools, larger EP sizes' pools, tests without a pool (gpu_host_group)
 
 
 def sized(cores: int, gpu: bool) -> int:

@@ -268,7 +268,7 @@ def test_a_narrower_new_run_fixes_nothing_it_did_not_run(tmp_path):
 
 
 def test_a_junit_test_name_is_the_same_with_and_without_an_xdist_group():
-    """pytest-xdist's ``--dist loadgroup`` appends "@<group>" to each name (a GPU host's two workers): a run spread
+    """pytest-xdist's ``--dist loadgroup`` appends "@<group>" to each name (a GPU host's workers): a run spread
     over workers compares with one that was not; an "@" inside the parameters stays."""
     from xml.etree import ElementTree
 

@@ -82,27 +82,34 @@ def test_pools_start_ahead_as_far_as_the_spare_cores_allow(monkeypatch):
     assert pool.ahead_ranks() == 16 - pool.KEPT_CORES >= 8  # an H200 host's 16 cores: an EP8 pool ahead
 
 
-@pytest.mark.parametrize("worker_count, owners", [("3", 2), ("2", 2), ("1", 1)])
-def test_workers_that_start_pools_share_the_spare_cores(monkeypatch, worker_count, owners):
-    """In a GPU host's grouped run each group of rank-pool tests has a worker that starts its pools ahead: they
-    share the cores beyond ``KEPT_CORES`` (one worker running both groups has them all)."""
+@pytest.mark.parametrize("worker_count, groups, owners", [
+    ("3", ("at EP1", "larger"), 2), ("2", ("at EP1", "larger"), 2), ("1", ("at EP1", "larger"), 1),
+    ("3", ("at EP1",), 1),  # a selection with no larger EP size: the one pool worker has every spare core
+])
+def test_workers_that_start_pools_share_the_spare_cores(monkeypatch, worker_count, groups, owners):
+    """In a GPU host's grouped run each group of rank-pool tests with pools has a worker that starts them ahead: those
+    workers share the cores beyond ``KEPT_CORES``, at most one share a worker."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(16)), raising=False)
     monkeypatch.setattr(pool, "_GROUPED", [True, None])
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", worker_count)
-    assert pool.ahead_ranks() == (16 - pool.KEPT_CORES) // owners
+    with pool.isolated():
+        pool.set_upcoming([], by_group={**{g: [pool.PoolKey(1, tag=g)] for g in groups}, "empty": []})
+        assert pool.ahead_ranks() == (16 - pool.KEPT_CORES) // owners
 
 
 def test_a_worker_starts_ahead_the_pools_of_the_group_it_runs(monkeypatch):
-    """Its upcoming pools become its group's, in the group's order, at its first test of the group; the session's
-    order (every group's pools) would start the other worker's pools ahead here too."""
+    """Before its first test of a group it has none upcoming (conftest.py), and then its group's, in the group's
+    order; the session's order (every group's pools) would start the other worker's pools ahead here too."""
     ep1, ep2, ep4 = pool.PoolKey(1, tag="a"), pool.PoolKey(2, tag="a"), pool.PoolKey(4, tag="a")
     monkeypatch.setattr(pool, "_GROUPED", [True, None])
     with pool.isolated():
-        pool.set_upcoming([ep1, ep2, ep4], by_group={"at EP1": [ep1], "larger": [ep1, ep2, ep4]})
+        pool.set_upcoming([], by_group={"at EP1": [ep1], "larger": [ep1, ep2, ep4]})
+        assert pool._ahead_of(None) == []
         pool.owns_the_pools("at EP1")
         assert pool._UPCOMING == [ep1] and pool._ahead_of(ep1) == []
         pool.owns_the_pools("larger")  # one worker running both groups: the second's pools from its first test
         assert pool._UPCOMING == [ep1, ep2, ep4] and pool._ahead_of(ep1)[0] == ep2
+    assert pool._GROUPED[1] is None and not pool._BY_GROUP  # a test's own groups end with it (pool.isolated)
 
 
 def test_a_pool_no_longer_needed_closes_on_a_thread(monkeypatch):

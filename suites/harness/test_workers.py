@@ -1,6 +1,7 @@
 """ci/workers.py: how many pytest-xdist workers ci/test.sh uses. By default (auto) one per core up to 2 without a
 GPU, three on a GPU host (EP1 pools, larger EP sizes' pools, the rest), one process in a run that a worker's test
-starts; MOE_WORKERS=N asks for N. An invalid value is one line. In a worker, rank pools follow fixtures.dist.pool's rules for a shared host."""
+starts; MOE_WORKERS=N asks for N. An invalid value is one line. In a worker, rank pools follow fixtures.dist.pool's
+rules for a shared host."""
 from __future__ import annotations
 
 import importlib.util
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from ci import workers
 from fixtures.dist import pool
+from fixtures.pool_order import ALL_POOLS_GROUP, EP1_GROUP, LARGER_EP_GROUP, pool_group
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,8 +88,8 @@ def test_ci_test_sh_spreads_unless_the_arguments_need_one_process(setting, args)
 @pytest.mark.parametrize("worker_count, grouped, cores, gpu, prefetch, pools", [
     (None, (False, False), 16, True, True, 1),  # one process on a GPU host: the next pools start ahead, no old one stays
     (None, (False, False), 2, False, False, 2),  # the CPU tier in one process
-    ("3", (True, "rank-pool tests at EP1"), 16, True, True, 1),  # ci/test.sh on an H200: a worker of a pool group
-    ("3", (True, None), 16, True, False, 1),     # ... and the other worker: none ahead (a harness test's pool is its own)
+    ("3", (True, EP1_GROUP), 16, True, True, 1),  # ci/test.sh on an H200: the worker of a group of rank-pool tests
+    ("3", (True, None), 16, True, False, 1),  # ... and the other worker: none ahead (a harness test's pool is its own)
     ("3", (False, False), 16, True, False, 1),   # rank-pool tests spread over workers on one H200: one pool each, none ahead
     ("1", (False, False), 16, True, False, 1),
     ("2", (False, False), 2, False, False, 2),   # the CPU tier's workers: two pools each (one restarted a pool per test of test_history)
@@ -114,7 +116,7 @@ def test_on_a_gpu_host_ep1_pools_larger_ep_sizes_and_the_rest_run_on_three_worke
     EP2 is compared with it in that process), the tests without a pool on the third (their records' worker). Where
     the nightly pins a worker to each GPU (MOE_PIN_WORKER_GPU), each implementation's tests are a group, as without a
     GPU."""
-    from fixtures.pool_order import EP1_GROUP, LARGER_EP_GROUP, OTHER_GROUP
+    from fixtures.pool_order import OTHER_GROUP
     from fixtures.results import records
 
     line = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "fixtures.options", "-p",
@@ -133,11 +135,40 @@ def test_on_a_gpu_host_ep1_pools_larger_ep_sizes_and_the_rest_run_on_three_worke
     same, idle = "test_same_global_problem_at_every_ep_size", "test_ranks_go_idle_independently"
     if pinned:
         want = [[("test_renormalize_by_hand", 0, "test_routing")],
-                [(same, 1, "reference-ep"), (idle, 1, "reference-ep"), (same, 2, "reference-ep"), (idle, 2, "reference-ep")]]
+                [(same, 1, "reference-ep"), (idle, 1, "reference-ep"),
+                 (same, 2, "reference-ep"), (idle, 2, "reference-ep")]]
     else:
         want = [[("test_renormalize_by_hand", 0, OTHER_GROUP)], [(idle, 1, EP1_GROUP)],
                 [(same, 1, LARGER_EP_GROUP), (same, 2, LARGER_EP_GROUP), (idle, 2, LARGER_EP_GROUP)]]
     assert sorted(by_worker.values()) == sorted(want), by_worker
+
+
+class _Item:
+    """A collected test as fixtures.pool_order reads it: its subject parameter and its marks."""
+
+    def __init__(self, ep: int, *marks: str):
+        from fixtures.implementation import load
+
+        self.callspec = type("Callspec", (), {"params": {"subject": ("reference-ep", load("reference-ep"), ep)}})()
+        self._marks = marks
+
+    def get_closest_marker(self, name):
+        return name if name in self._marks else None
+
+
+@pytest.mark.parametrize("model_ep, groups", [
+    (None, (EP1_GROUP, LARGER_EP_GROUP, LARGER_EP_GROUP)),   # model layers at EP1 (the default): two groups
+    ("1", (EP1_GROUP, LARGER_EP_GROUP, LARGER_EP_GROUP)),
+    ("1,8", (ALL_POOLS_GROUP,) * 3),                          # model layers at EP8 too: one worker for every pool
+    ("all", (ALL_POOLS_GROUP,) * 3),                          # the nightly profile's every EP size
+])
+def test_rank_pool_tests_spread_over_two_groups_only_where_model_layers_are_at_ep1(monkeypatch, model_ep, groups):
+    """An EP1 test, an EP2 test and an EP1 test marked ``ep_baseline``: their groups on a GPU host."""
+    monkeypatch.delenv("MOE_MODEL_EP", raising=False)
+    if model_ep:
+        monkeypatch.setenv("MOE_MODEL_EP", model_ep)
+    assert tuple(pool_group(item) for item in (_Item(1), _Item(2), _Item(1, "ep_baseline"))) == groups
+    assert pool_group(type("NoPool", (), {"get_closest_marker": lambda self, name: None})()) is None
 
 
 @settings(derandomize=True, database=None, max_examples=5)
