@@ -75,7 +75,8 @@ def pytest_collection_modifyitems(config, items):
     # without a GPU, or MOE_WORKERS=N: ci/workers.py) each implementation's tests, EP1 first, and each module of
     # other tests (module-scoped GPU layers), run on one worker.
     # On a GPU host the rank-pool tests stay in that order in two groups, EP1 and the larger EP sizes, each on one
-    # worker, and the other tests go to a third (gpu_host_group).
+    # worker (one group where model layers run at a larger EP size), and the other tests go to another
+    # (gpu_host_group).
     deselect_other_implementations(config, items)
     # (not where the nightly pins one worker to each GPU: there each pool's tests go to the worker of its GPU)
     grouped = (getattr(config, "workerinput", {}).get("moe_dist") == "loadgroup" and rank_pools.gpu_host()

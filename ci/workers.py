@@ -7,7 +7,8 @@
   larger EP sizes on another, each in the order one process runs them with its pools started ahead and warmed
   (fixtures.pool_order.pool_group); the tests that need no pool (in-process GPU tests: 200 s of H200 run 22) run on
   the third meanwhile. One worker for every pool test took 651 s of that run's 723 (reference.evidence.SESSION19).
-  Where the model layers run at every EP size (the nightly profile) every rank-pool test stays on one worker.
+  Where the model layers run at an EP size above 1 (``MOE_MODEL_EP``, the nightly profile) every rank-pool test stays
+  on one worker, and the third worker has nothing to run.
   Pools spread by implementation over three workers filled one H200's memory, hung two of them and failed cases
   that one process passes (reference.evidence.SESSION14): the EP1 pools, whose model-geometry ranks hold up to
   37 GB, stay in one process.

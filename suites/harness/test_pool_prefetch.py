@@ -95,6 +95,8 @@ def test_workers_that_start_pools_share_the_spare_cores(monkeypatch, worker_coun
     with pool.isolated():
         pool.set_upcoming([], by_group={**{g: [pool.PoolKey(1, tag=g)] for g in groups}, "empty": []})
         assert pool.ahead_ranks() == (16 - pool.KEPT_CORES) // owners
+        with pool.isolated():  # a harness test's own pools share the cores as the session's do
+            assert pool.ahead_ranks() == (16 - pool.KEPT_CORES) // owners
 
 
 def test_a_worker_starts_ahead_the_pools_of_the_group_it_runs(monkeypatch):
@@ -109,6 +111,8 @@ def test_a_worker_starts_ahead_the_pools_of_the_group_it_runs(monkeypatch):
         assert pool._UPCOMING == [ep1] and pool._ahead_of(ep1) == []
         pool.owns_the_pools("larger")  # one worker running both groups: the second's pools from its first test
         assert pool._UPCOMING == [ep1, ep2, ep4] and pool._ahead_of(ep1)[0] == ep2
+        pool.owns_the_pools("every test skips")  # a group without pools: none ahead, not the last group's
+        assert pool._UPCOMING == []
     assert pool._GROUPED[1] is None and not pool._BY_GROUP  # a test's own groups end with it (pool.isolated)
 
 
