@@ -86,13 +86,13 @@ def test_ci_test_sh_spreads_unless_the_arguments_need_one_process(setting, args)
 
 
 @pytest.mark.parametrize("worker_count, grouped, cores, gpu, prefetch, pools", [
-    (None, (False, False), 16, True, True, 1),  # one process on a GPU host: the next pools start ahead, no old one stays
-    (None, (False, False), 2, False, False, 2),  # the CPU tier in one process
+    (None, (False, None), 16, True, True, 1),  # one process on a GPU host: the next pools start ahead, no old one stays
+    (None, (False, None), 2, False, False, 2),  # the CPU tier in one process
     ("3", (True, EP1_GROUP), 16, True, True, 1),  # ci/test.sh on an H200: the worker of a group of rank-pool tests
     ("3", (True, None), 16, True, False, 1),  # ... and the other worker: none ahead (a harness test's pool is its own)
-    ("3", (False, False), 16, True, False, 1),   # rank-pool tests spread over workers on one H200: one pool each, none ahead
-    ("1", (False, False), 16, True, False, 1),
-    ("2", (False, False), 2, False, False, 2),   # the CPU tier's workers: two pools each (one restarted a pool per test of test_history)
+    ("3", (False, None), 16, True, False, 1),   # rank-pool tests spread over workers on one H200: one pool each, none ahead
+    ("1", (False, None), 16, True, False, 1),
+    ("2", (False, None), 2, False, False, 2),   # the CPU tier's workers: two pools each (one restarted a pool per test of test_history)
 ])
 def test_pools_per_worker_and_ahead_by_host(monkeypatch, worker_count, grouped, cores, gpu, prefetch, pools):
     for name in ("MOE_POOL_PREFETCH", "MOE_MAX_POOLS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):
