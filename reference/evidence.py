@@ -1,47 +1,49 @@
 """The validation logs that tolerances, findings and descriptors cite, one constant each (index: docs/evidence.md).
 
-A log is ``evidence/<day>-<name>.md``, its committed raw records ``evidence/raw/<day>-<run>/``; each day is
+A log is ``evidence/<day>-<name>.md``, its committed raw records ``evidence/raw/<day>-<name>/``; each day is
 spelled once, below. The code only names these paths: nothing here reads them.
 """
 from __future__ import annotations
 
-_NOV29 = "evidence/2026-11-29-"  # links into the logs of the first H200 day (FlashInfer 0.7.2.post1)
-_DEC01 = "evidence/2026-12-01-"  # links into the logs of runs 1-7 (FlashInfer 0.7.4 from run 3)
-_DEC02 = "evidence/2026-12-02-"  # links into the log of run 8, the nightly
-_DEC03 = "evidence/2026-12-03-"  # links into session 13's log
-_DEC04 = "evidence/2026-12-04-"  # links into the logs of sessions 16 and 17
+_NOV29 = "evidence/2026-11-29-"  # links into the logs of FlashInfer 0.7.2.post1's SM90 kernels at EP1 to EP8
+_DEC01 = "evidence/2026-12-01-"  # links into the logs of the README command, 0.7.4's calibration, FP4 and the upgrade
+_DEC02 = "evidence/2026-12-02-"  # links into the logs of the nightly, the megamoe and exact cases
+_DEC03 = "evidence/2026-12-03-"  # links into the logs of the exact cases on built kernels and xdist on one GPU
+_DEC04 = "evidence/2026-12-04-"  # links into the logs of the CuTe DSL compiles, pool warm-ups and GPU-host workers
 
 H200_072 = _NOV29 + "h200-sm90.md"  # 0.7.2.post1's three SM90 kernels, EP1 to EP8; findings F1-F9
-RUN1 = _DEC01 + "h200-pytest-m-sm90.md"  # the README command on a fresh H200; F10
-RUN2 = _DEC01 + "h200-run2-pytest-m-sm90.md"  # few-token bounds; F11, F12 (accum_probe)
-RUN3 = _DEC01 + "h200-run3-flashinfer-0.7.4.md"  # 0.7.4: BF16 pull, F13, F14, first systematic calibration
-RUN4 = _DEC01 + "h200-run4-flashinfer-0.7.4.md"  # push_cuda re-measured, F12 under 0.7.4, idle pools' cores
-RUN5 = _DEC01 + "h200-run5-flashinfer-0.7.4.md"  # green; systematic floors held (0 false alarms)
-RUN6 = _DEC01 + "h200-run6-fp4-and-upgrade.md"  # the FP8 x FP4 pull kernels; the upgrade check
-RUN7 = _DEC01 + "h200-run7-aot-crash-and-cut-short.md"  # AOT modules without libcuda; a run cut by the lease
-RUN8 = _DEC02 + "h200-run8-nightly-green.md"  # the nightly, green: every SM90 backend and finding
-RUN9 = _DEC02 + "h200-run9-restructure-unchanged.md"  # after the restructuring: run 8's counts and outputs
-SESSION7 = _DEC01 + "session7-no-device.md"  # no GPU lent: AOT modules built on CPU, the toolkit parts they need
-RUN10 = _DEC02 + "h200-run10-megamoe-exact.md"  # flashinfer.megamoe MXFP4 at EP1, the exact cases; F18
-SESSION11 = _DEC02 + "session11-cpu.md"  # the CPU tier with flashinfer.megamoe and the exact cases; F15-F17
-RUN11 = _DEC02 + "h200-run11-exact-every-backend.md"  # the exact cases on every SM90 backend; push_cake's wire
-SESSION12 = _DEC02 + "session12-cpu.md"  # the CPU tier at this session's end; each new check failing on broken input
-SESSION13 = _DEC03 + "session13.md"  # H200 run 12 (bash ci/test.sh -m sm90) and the CPU tier; megamoe's exact fault case
-SESSION14 = _DEC03 + "session14.md"  # H200 run 13: three xdist workers on one GPU (not adopted); the CPU tier's cuts
-SESSION16 = _DEC04 + "session16.md"  # H200 runs 15-17: CuTe DSL compile counts; two xdist workers on a CPU machine
-SESSION17 = _DEC04 + "session17.md"  # H200 runs 18-19: pools warm their layers ahead; the whole sm90 run in 1024 s
-SESSION18 = _DEC04 + "session18.md"  # H200 runs 20-21: two xdist workers on a GPU host, pools ahead by cores
-SESSION19 = _DEC04 + "session19.md"  # H200 runs 22-23: the sm90 run in 723 s; EP1 and larger EP sizes on two workers
-LOGS = (H200_072, RUN1, RUN2, RUN3, RUN4, RUN5, RUN6, RUN7, RUN8, RUN9, SESSION7, RUN10, SESSION11, RUN11, SESSION12,
-        SESSION13, SESSION14, SESSION16, SESSION17, SESSION18, SESSION19)
+README_COMMAND_H200 = _DEC01 + "h200-pytest-m-sm90.md"  # the README command on a fresh H200; F10
+FP8_ACCUMULATION = _DEC01 + "h200-fp8-accumulation-and-few-tokens.md"  # few-token bounds; F11, F12 (accum_probe)
+FLASHINFER_074_CALIBRATION = _DEC01 + "h200-flashinfer-0.7.4-first-calibration.md"  # BF16 pull, F13, F14, floors
+PUSH_CUDA_AND_IDLE_POOLS = _DEC01 + "h200-push-cuda-and-idle-pools.md"  # push_cuda re-measured, F12 under 0.7.4
+GREEN_FLOORS_HELD = _DEC01 + "h200-green-floors-held.md"  # green; systematic floors held (0 false alarms)
+FP4_PULL_AND_UPGRADE = _DEC01 + "h200-fp4-pull-and-upgrade.md"  # the FP8 x FP4 pull kernels; the upgrade check
+AOT_CRASH_AND_CUT_SHORT = _DEC01 + "h200-aot-crash-and-cut-short.md"  # AOT modules without libcuda; a run cut short
+NIGHTLY_GREEN = _DEC02 + "h200-nightly-green.md"  # the nightly, green: every SM90 backend and finding
+RESTRUCTURE_UNCHANGED = _DEC02 + "h200-restructure-unchanged.md"  # after the restructuring: the nightly's counts
+AOT_BUILT_ON_CPU = _DEC01 + "aot-modules-built-on-cpu.md"  # AOT modules built on CPU, the toolkit parts they need
+MEGAMOE_EXACT = _DEC02 + "h200-megamoe-exact.md"  # flashinfer.megamoe MXFP4 at EP1, the exact cases; F18
+MEGAMOE_ON_CPU = _DEC02 + "cpu-megamoe-and-exact-cases.md"  # the CPU tier with flashinfer.megamoe; F15-F17
+EXACT_EVERY_BACKEND = _DEC02 + "h200-exact-every-backend.md"  # the exact cases on every SM90 backend; push_cake's wire
+CPU_CHECKS_ON_BROKEN_INPUT = _DEC02 + "cpu-tier-checks-on-broken-input.md"  # the CPU tier; new checks failing
+EXACT_AND_COMPILE_COSTS = _DEC03 + "sm90-exact-cases-and-compile-costs.md"  # -m sm90 on a bare host; compile costs
+XDIST_ON_ONE_GPU = _DEC03 + "sm90-three-xdist-workers.md"  # three xdist workers on one GPU (not adopted)
+CPU_TIER_WORKERS = _DEC04 + "cute-dsl-compile-counts-and-cpu-workers.md"  # CuTe DSL compiles; two CPU workers
+POOL_WARMUPS = _DEC04 + "sm90-pool-warmups.md"  # pools warm their layers ahead; -m sm90 green in 1024 s
+GPU_MEMORY_FULL = _DEC04 + "sm90-two-workers-memory-full.md"  # two workers, pools ahead by cores: GPU memory full
+GPU_HOST_WORKERS = _DEC04 + "sm90-three-workers-and-fp4-accumulation.md"  # -m sm90 in 560 s on three workers; FP4
+LOGS = (H200_072, README_COMMAND_H200, FP8_ACCUMULATION, FLASHINFER_074_CALIBRATION, PUSH_CUDA_AND_IDLE_POOLS,
+        GREEN_FLOORS_HELD, FP4_PULL_AND_UPGRADE, AOT_CRASH_AND_CUT_SHORT, NIGHTLY_GREEN, RESTRUCTURE_UNCHANGED,
+        AOT_BUILT_ON_CPU, MEGAMOE_EXACT, MEGAMOE_ON_CPU, EXACT_EVERY_BACKEND, CPU_CHECKS_ON_BROKEN_INPUT,
+        EXACT_AND_COMPILE_COSTS, XDIST_ON_ONE_GPU, CPU_TIER_WORKERS, POOL_WARMUPS, GPU_MEMORY_FULL, GPU_HOST_WORKERS)
 
 
-def _raw(day: str, run: str) -> str:
-    return day.replace("evidence/", "evidence/raw/") + run
+def _raw(day: str, name: str) -> str:
+    return day.replace("evidence/", "evidence/raw/") + name
 
 
-RAW_RUN3 = _raw(_DEC01, "run3")  # the raw records (cases, failures, JUnit, findings) ci.report's tests read
-RAW_RUN5 = _raw(_DEC01, "run5")  # two latency runs of one lease, two minutes apart
-RAW_RUN8 = _raw(_DEC02, "run8")  # the nightly's folder: report, JUnit, latency table
-RAW_RUN9 = _raw(_DEC02, "run9")  # bash ci/test.sh -m sm90 after the restructuring
-RAW = (RAW_RUN3, RAW_RUN5, RAW_RUN8, RAW_RUN9)
+RAW_FLASHINFER_074_CALIBRATION = _raw(_DEC01, "flashinfer-0.7.4-first-calibration")  # what ci.report's tests read
+RAW_GREEN_FLOORS_HELD = _raw(_DEC01, "green-floors-held")  # two latency runs of one lease, two minutes apart
+RAW_NIGHTLY_GREEN = _raw(_DEC02, "nightly-green")  # the nightly's folder: report, JUnit, latency table
+RAW_RESTRUCTURE_UNCHANGED = _raw(_DEC02, "restructure-unchanged")  # bash ci/test.sh -m sm90 after the restructuring
+RAW = (RAW_FLASHINFER_074_CALIBRATION, RAW_GREEN_FLOORS_HELD, RAW_NIGHTLY_GREEN, RAW_RESTRUCTURE_UNCHANGED)

@@ -27,7 +27,7 @@ import torch
 
 import reference.moe as moe
 from fixtures import oracle
-from fixtures.dist.pool import close_all
+from fixtures.scheduler import close_all
 from fixtures.implementation import load
 from fixtures.runner import Subject, run_scenario
 from fixtures.problem import Scenario

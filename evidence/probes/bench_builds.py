@@ -22,7 +22,7 @@ import time
 
 from fixtures import oracle, systematic
 from fixtures.compare import relative_l2
-from fixtures.dist.pool import close_all
+from fixtures.scheduler import close_all
 from fixtures.geometries import MODELS, fits, model_layer
 from fixtures.implementation import load
 from fixtures.problem import BatchCase, LayerCase, Scenario

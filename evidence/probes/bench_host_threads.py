@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from fixtures import checks, oracle
-from fixtures.dist.pool import close_all, get_pool
+from fixtures.scheduler import close_all, get_pool
 from fixtures.geometries import wide_layer
 from fixtures.host_threads import host_threads
 from fixtures.implementation import load
