@@ -4,7 +4,7 @@ symbol it calls must come from a library it lists as NEEDED, libcuda.so.1.
 Why: in the suite's process the driver is opened with ``dlopen`` (by the CUDA runtime), not made global, so its
 symbols are there only for libraries that list it. A module that calls ``cuLibraryLoadData`` without listing
 libcuda.so.1 loads fine, then the dynamic loader ends the whole process at the first call ("symbol lookup error:
-... undefined symbol: cuLibraryLoadData", exit 127, no pytest summary: reference.evidence.RUN7). A
+... undefined symbol: cuLibraryLoadData", exit 127, no pytest summary: reference.evidence.AOT_CRASH_AND_CUT_SHORT). A
 module linked against a libcuda stub that exports nothing comes out that way, because the linker's
 ``--as-needed`` drops a library that defines none of the symbols.
 
@@ -20,12 +20,13 @@ run, and a module left out is only compiled by FlashInfer as usual.
 """
 from __future__ import annotations
 
-import argparse
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from ci import cli
 
 DRIVER_LIBRARY = "libcuda.so.1"
 # Driver API entry points: cuInit, cuLibraryLoadData, cuGetErrorString. The runtime (cuda*), cuBLAS (cublas*) and
@@ -111,8 +112,10 @@ def modules(paths: list[Path]) -> list[Path]:
     return [m for p in paths for m in (sorted(p.rglob("*.so")) if p.is_dir() else [p])]
 
 
+@cli.command("ci.aot_linkage")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = cli.Parser("ci.aot_linkage", description=__doc__.splitlines()[0],
+                   codes={cli.VERDICT: "a module is unfit (each named on stdout, with why unless --names)"})
     p.add_argument("paths", type=Path, nargs="+")
     p.add_argument("--names", action="store_true", help="print only the unfit modules' paths, one a line")
     p.add_argument("--load", action="store_true",
@@ -125,7 +128,7 @@ def main(argv=None) -> int:
     for module in found:
         if module in why:
             print(module if a.names else f"{module}: {why[module]}")
-    return 1 if why else 0
+    return cli.VERDICT if why else cli.OK
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """A readable diff of two FlashInfer MegaMoE API snapshots (tools/snapshot_flashinfer_api.py), and the pinned
 snapshot nearest to an unpinned version.
 
-    python -m ci.api_diff OLD.json NEW.json     # exit 0: same surface, 1: changed, 2: not two snapshots
+    python -m ci.api_diff OLD.json NEW.json     # exit 0: same surface, 1: changed, 4: not two snapshots
 
 Reports, section by section: kernels, aliases, exports and error classes added or removed; per config
 class, fields added, removed, and changed (default, init); signatures changed.
@@ -111,7 +111,7 @@ def read_snapshot(path: str) -> dict:
 def main(argv=None) -> int:
     p = cli.Parser("ci.api_diff", description="diff two FlashInfer API snapshots",
                    codes={0: "the same API surface", 1: "the API changed",
-                          2: "unusable input: a file missing, not JSON, or not a snapshot"})
+                          cli.INPUT: "unusable input: a file missing, not JSON, or not a snapshot"})
     p.add_argument("old")
     p.add_argument("new")
     a = p.parse_args(argv)

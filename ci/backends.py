@@ -25,7 +25,7 @@ def main(argv=None) -> int:
 
     known = sorted(ARCH_MARKERS, key=lambda tag: int(tag[2:]))
     p = cli.Parser("ci.backends", description=__doc__.split("\n\n")[0], more=MORE,
-                   codes={2: "unknown arch (the message lists the known ones)"})
+                   codes={cli.INPUT: "unknown arch (the message lists the known ones)"})
     p.add_argument("arch", nargs="*", help=f"one of {', '.join(known)}, or all (the default)")
     a = p.parse_args(argv)
     unknown = [tag for tag in a.arch if tag not in (*known, "all")]

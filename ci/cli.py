@@ -1,10 +1,9 @@
-"""What the exit code of every ``python -m ci.*`` command means, and how its input errors read.
+"""What the exit code of every command of the project means, and how its input errors read.
 
-One meaning per code, in every command: 0 ok; 1 the verdict is bad ("regression", "gate failed", "reproduced",
-a phase failed); 2 incomparable or unusable input (a missing folder, a malformed file, a bad argument); 3 the run
-could not reach a verdict (a server or GPU it needs was not there: fix that and rerun); 5 nothing was tested
-(pytest's own 5 is "nothing collected"). A command documents the codes it returns in its ``--help``.
-An input error is one line on stderr, what was wrong and what is accepted, with no traceback.
+One meaning per code across every command: pytest (``python -m pytest``, ``bash ci/test.sh``, ``bash
+ci/conformance.sh``), which keeps pytest's own codes, and every ``python -m ci.*`` or ``tools.*`` command
+(``EXIT_CODES``, shown in docs/running.md and in each command's ``--help``). An input error is one line on stderr,
+what was wrong and what is accepted, with no traceback.
 """
 from __future__ import annotations
 
@@ -12,7 +11,20 @@ import argparse
 import functools
 import sys
 
-OK, VERDICT, INPUT, INCOMPLETE, NOTHING_TESTED = 0, 1, 2, 3, 5
+OK, VERDICT, INTERRUPTED, INTERNAL, INPUT, NOTHING_TESTED, INCOMPLETE = 0, 1, 2, 3, 4, 5, 6
+# code -> its one meaning, for every command (pytest's 0-5 are pytest's own; the suite adds what they leave open)
+EXIT_CODES = {
+    OK: "ok: every check that ran passed, and something was tested",
+    VERDICT: "the verdict is bad: a test failed, a regression, a gate failed, a fault reproduced, a check or a "
+             "build the command makes failed",
+    INTERRUPTED: "interrupted (pytest: Ctrl-C, or a collection error stopped the run)",
+    INTERNAL: "internal error (pytest's own, or a plugin's)",
+    INPUT: "unusable input: a bad argument, setting, file or folder (one line says what is accepted)",
+    NOTHING_TESTED: "nothing was tested: no test collected, every test skipped (-m sm90 with no SM90 GPU visible; "
+                    "--impl whose backends all skip), or a report with no results; --allow-nothing-tested accepts it",
+    INCOMPLETE: "no verdict: a server, GPU, toolkit or package index the command needs was not there or went away, "
+                "or set-up could not install (fix that and rerun)",
+}
 
 
 class InputError(Exception):
@@ -24,8 +36,10 @@ class Incomplete(Exception):
 
 
 def epilog(codes: dict[int, str], more: str = "") -> str:
-    """A ``--help`` epilog: ``more`` (if any), then each exit code the command returns and what it means."""
-    rows = "\n".join(f"  {code}  {meaning}" for code, meaning in sorted({OK: "ok", **codes}.items()))
+    """A ``--help`` epilog: ``more`` (if any), then each exit code the command returns and what it means (OK, and
+    INPUT for a usage error, whether or not ``codes`` names them)."""
+    usage = {OK: "ok", INPUT: "unusable input: a bad argument (one line says which)"}
+    rows = "\n".join(f"  {code}  {meaning}" for code, meaning in sorted({**usage, **codes}.items()))
     return (more.rstrip() + "\n\n" if more else "") + "exit codes:\n" + rows
 
 

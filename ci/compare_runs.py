@@ -1,6 +1,9 @@
 """Compare two results folders of the suite (``--results-dir``): is NEW a regression of OLD?
 
-    python -m ci.compare_runs OLD NEW      # exit 0: no regression, 1: regression, 2: incomparable
+    python -m ci.compare_runs OLD NEW      # exit 0: no regression, 1: regression, 4: incomparable
+    python -m ci.compare_runs --old A1 --old A2 --new B1 --new B2   # each run's shards, merged (ci.runs)
+
+A folder is a run folder (fixtures.run_folder), a results folder (every run under it), or ci.nightly's folder.
 
 Declared rules, per (implementation, EP size) present in both runs:
 * a new failure: a (check, implementation, EP size) that failed in NEW and not in OLD (fixed ones are
@@ -14,7 +17,7 @@ Declared rules, per (implementation, EP size) present in both runs:
   draws differ, a kernel that got worse moves the whole distribution;
 * a finding that appeared (reproduced in NEW, tested and not reproduced in OLD) or vanished (the reverse); one
   that OLD never tested (no findings record for it: an older suite, a narrower run) is listed as untested, not
-  called a regression (the fifth H200 run's comparison called F12 "appeared" against a run without its test);
+  called a regression (F12 read "appeared" so: reference.evidence.GREEN_FLOORS_HELD);
 * a latency regression (both folders hold ``latency.json``, tools.bench_latency): a backend whose medians grew by
   more than LATENCY_BACKEND_NOISE as a geometric mean over its (geometry, tokens) rows, or one row that grew
   past LATENCY_ROW_NOISE times its old median and beyond both runs' interquartile ranges; the torch baseline's
@@ -35,18 +38,19 @@ import json
 import math
 import statistics
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 from xml.etree import ElementTree
 
-from ci import budget_growth, cli
+from ci import budget_growth, cli, runs
 from fixtures.results import case_records, expected_by_its_test, junit_outcomes, latency_rows, records
 
 FAULT_PREFIX = "faulty:"  # a fault wrapper's name (fixtures/backends/faulty.py), e.g. faulty:scale_1e-2@<backend>
 
 P_VALUE = 1e-3
 MEDIAN_RATIO = 1.5
-# Two clean runs of tools.bench_latency on one H200, two minutes apart (reference.evidence.RAW_RUN5):
+# Two clean runs of tools.bench_latency on one H200, two minutes apart (reference.evidence.RAW_GREEN_FLOORS_HELD):
 # per backend the geometric mean of the median ratios over its 10 rows was 0.87-1.13, single kernel rows moved by
 # up to 1.5x (0.45 -> 0.67 ms), torch's baseline rows by up to 1.9x. A rule of 5% per row flagged 14 of 60 rows.
 LATENCY_BACKEND_NOISE = 0.25  # about twice the largest clean backend shift
@@ -74,9 +78,9 @@ def _failures(folder: Path, outcomes: dict[str, str]) -> set[tuple[str, str, int
     """The (check, implementation, EP size) of every failure record, except those a test expected: written in a
     test whose JUnit outcome is not a failure (a fault wrapper the test demands be caught, a finding's xfail), and
     any of a fault wrapper (``faulty:...``), whose record is a catch whatever the JUnit file says or lacks (a run
-    cut short writes none: the eighth H200 run's 42 catches read as new failures), and any written in a test that
-    reproduced a finding. A wrapper not caught fails its test without a record, which the JUnit comparison
-    reports. ``outcomes``: the folder's JUnit outcomes (read once by compare)."""
+    cut short writes none: its 42 catches read as new failures, reference.evidence.AOT_CRASH_AND_CUT_SHORT), and
+    any written in a test that reproduced a finding. A wrapper not caught fails its test without a record, which the
+    JUnit comparison reports. ``outcomes``: the folder's JUnit outcomes (read once by compare)."""
     # a test that reproduced a finding wrote its failure on purpose (the finding's xfail); the findings rule judges it
     finding_tests = {f.get("test") for f in records(folder, "findings") if f.get("reproduced")}
     return {(f["check"], f["impl"], f.get("ep", 0)) for f in records(folder, "failures")
@@ -176,9 +180,9 @@ def compare(old: Path, new: Path) -> tuple[int, list[str]]:
     seen_old = set(errors_old) | {(impl, ep) for _, impl, ep in failed_old}
     seen_new = set(errors_new) | {(impl, ep) for _, impl, ep in failed_new}
     if not seen_old or not seen_new:
-        return 2, [f"incomparable: no per-case records or failures in {old if not seen_old else new}"]
+        return cli.INPUT, [f"incomparable: no per-case records or failures in {old if not seen_old else new}"]
     if not seen_old & seen_new:
-        return 2, [f"incomparable: no (implementation, EP size) in both runs: {sorted(seen_old)} vs {sorted(seen_new)}"]
+        return cli.INPUT, [f"incomparable: no (implementation, EP size) in both runs: {sorted(seen_old)} vs {sorted(seen_new)}"]
     common = sorted(errors_old.keys() & errors_new.keys())
     report, regressed = [], False
     for check, impl, ep in sorted(failed_new - failed_old):
@@ -252,18 +256,36 @@ def readable(folder: Path, name: str) -> None:
 def main(argv=None) -> int:
     p = cli.Parser("ci.compare_runs", description=__doc__.splitlines()[0],
                    codes={0: "no regression", 1: "regression",
-                          2: "incomparable: a folder missing or malformed, or nothing to compare"},
+                          cli.INPUT: "incomparable: a folder missing or malformed, nothing to compare, or folders that are "
+                             "not one run's shards (a test in two shards)"},
                    more=f"A time budget that grew (ci.time_budget: an implementation and EP size, or the session, "
                         f"by over x{budget_growth.GROWTH:g} and {budget_growth.GROWTH_FLOOR_S:g} s) is a WARNING line, "
                         "never a regression: the exit code stays 0 (a fresh or busy host takes longer, same code).")
-    p.add_argument("old", type=Path)
-    p.add_argument("new", type=Path)
+    p.add_argument("old", type=Path, nargs="?", help="the earlier run's results folder (or --old, repeated)")
+    p.add_argument("new", type=Path, nargs="?", help="the later run's results folder (or --new, repeated)")
+    p.add_argument("--old", dest="olds", type=Path, action="append", default=[],
+                   help="one shard's folder of the earlier run (repeated: its shards, merged by ci.runs)")
+    p.add_argument("--new", dest="news", type=Path, action="append", default=[],
+                   help="one shard's folder of the later run (repeated: its shards, merged by ci.runs)")
     a = p.parse_args(argv)
-    readable(a.old, "OLD")
-    readable(a.new, "NEW")
-    code, lines = compare(a.old, a.new)
+    given = [f for f in (a.old, a.new) if f is not None]  # with --old (--new) alone, a folder given is NEW (OLD)
+    olds, news = ((a.olds, [*a.news, *given]) if a.olds and not a.news else
+                  ([*given, *a.olds], a.news) if a.news and not a.olds else (given[:1] + a.olds, given[1:] + a.news))
+    if not olds or not news:
+        raise cli.InputError("give OLD and NEW: two results folders, or each run's shards with --old DIR --new DIR "
+                             "(repeated)")
+    for folder in olds:
+        readable(folder, "OLD")
+    for folder in news:
+        readable(folder, "NEW")
+    with tempfile.TemporaryDirectory(prefix="compare-runs-") as tmp:
+        old = runs.merge(olds, Path(tmp) / "old") if len(olds) > 1 else olds[0]
+        new = runs.merge(news, Path(tmp) / "new") if len(news) > 1 else news[0]
+        runs.summaries([old])
+        runs.summaries([new])
+        code, lines = compare(old, new)
     print("\n".join(lines))
-    print({0: "verdict: no regression", 1: "verdict: REGRESSION", 2: "verdict: incomparable"}[code])
+    print({cli.OK: "verdict: no regression", cli.VERDICT: "verdict: REGRESSION", cli.INPUT: "verdict: incomparable"}[code])
     return code
 
 

@@ -6,8 +6,9 @@
 #   bash ci/conformance.sh --ep 1,2 --impl sm90_fp8_fp8_bf16_pull_cutedsl
 set -euo pipefail
 cd "$(dirname "$0")/.."
-py="$(bash ci/setup.sh)"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export MOE_HYPOTHESIS_PROFILE="${MOE_HYPOTHESIS_PROFILE:-ci}"
-exec "$py" -m pytest suites/conformance suites/flashinfer --impl "${MOE_CONFORMANCE_IMPL:-all}" \
+# a set-up that fails stops here with its own code (ci/setup.sh: 4 a bad setting, 6 could not install), never one of
+# pytest's; after it, pytest's exit code is this command's (docs/running.md#exit-codes)
+py="$(bash ci/setup.sh)" || exit $?
+# the workers, the rank processes' environment and the hypothesis profile: the suite's plugin (fixtures.spread)
+exec "$py" -m pytest --rootdir "$PWD" -c "$PWD/pytest.ini" suites/conformance suites/flashinfer --impl "${MOE_CONFORMANCE_IMPL:-all}" \
   --results-dir "${MOE_RESULTS_DIR:-results}" "$@"

@@ -2,9 +2,9 @@
 
     python -m ci.gsm8k_gate configs/gsm8k/qwen3-30b-a3b-vllm-megamoe.yaml [--out results/gsm8k]
 
-Exit 0: the candidate passes; 1: it fails the declared rule (reasons in gsm8k-gate.md); 2: unusable input
+Exit 0: the candidate passes; 1: it fails the declared rule (reasons in gsm8k-gate.md); 4: unusable input
 (the config missing, not YAML or not a gate config, the data file missing or not the pinned one, an --out
-folder holding another run's answers); 3: the run could not complete (a server did not start, could not be
+folder holding another run's answers); 6: the run could not complete (a server did not start, could not be
 reached or refused, questions were left unanswered: rerun the same command to resume).
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ from gates.gsm8k.run import GateConfig, Unanswered, run_gate
 from gates.gsm8k.server import ServerError
 
 CODES = {0: "the candidate passes", 1: "the gate failed: the candidate fails the declared rule",
-         2: "unusable input: the config, the data file, or an --out folder of another run",
-         3: "could not complete: a server did not start, could not be reached or refused, or questions were left "
+         cli.INPUT: "unusable input: the config, the data file, or an --out folder of another run",
+         cli.INCOMPLETE: "could not complete: a server did not start, could not be reached or refused, or questions were left "
             "unanswered (rerun the same command to resume)"}
 
 

@@ -39,8 +39,10 @@ from fixtures import settings
 
 
 CODES = {0: "every phase passed, and tests ran", 1: "a phase failed (tests failed, crashed or timed out)",
-         2: "no GPU of a known arch here (say --arch cpu for the CPU tier)",
-         5: "nothing tested: no test ran, or every test skipped"}
+         cli.INPUT: "unusable input: a bad argument (--baseline not a folder), a bad setting set-up names, or "
+                    "arguments a phase's pytest refused (its usage error)",
+         cli.INCOMPLETE: "no GPU of a known arch here (say --arch cpu for the CPU tier), or set-up could not install",
+         cli.NOTHING_TESTED: "nothing tested: no test ran, or every test skipped"}
 
 
 def gpus(arch: str) -> list[int]:
@@ -165,8 +167,10 @@ def main(argv=None) -> int:
     if a.baseline and not a.baseline.is_dir():  # before hours of tests, not after
         p.error(f"--baseline {a.baseline} is not a folder: give a previous night's results folder")
     # set-up's messages (which cached modules it installed, which it left out) go to this job's log
-    python = subprocess.run(["bash", "ci/setup.sh"], cwd=ROOT, stdout=subprocess.PIPE, text=True,
-                            check=True).stdout.strip()
+    setup = subprocess.run(["bash", "ci/setup.sh"], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    if setup.returncode:  # it said why on stderr, in one line: a bad setting (4) or it could not install (6)
+        return setup.returncode if setup.returncode in (cli.INPUT, cli.INCOMPLETE) else cli.INCOMPLETE
+    python = setup.stdout.strip()
     if importlib.util.find_spec("torch") is None:  # a bare interpreter: go on in the suite's environment
         os.execv(python, [python, "-m", "ci.nightly", *(sys.argv[1:] if argv is None else argv)])
     from fixtures import arch as arches
@@ -174,7 +178,7 @@ def main(argv=None) -> int:
     arch = a.arch or arches.local_arch()
     if arch is None:
         print("no GPU of a known arch here: say --arch cpu to run the CPU tier as a nightly job", file=sys.stderr)
-        return 2
+        return cli.INCOMPLETE
     devices = gpus(arch)
     out = a.out or ROOT / "results" / f"nightly-{datetime.date.today().isoformat()}"
     out.mkdir(parents=True, exist_ok=True)
@@ -187,7 +191,7 @@ def main(argv=None) -> int:
         env_info["api_snapshot"] = f"not taken: {type(err).__name__}: {err}"
     common = {settings.HYPOTHESIS_PROFILE.name: a.profile, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
               "NVSHMEM_DISABLE_NVLS": "1", **({settings.HYPOTHESIS_EXAMPLES.name: str(a.examples)} if a.examples else {})}
-    log, worst = out / "nightly.log", 0
+    log, worst, refused = out / "nightly.log", 0, False
     print(f"nightly: {arch}, {len(devices)} GPU(s), profile {a.profile}, results in {out}", flush=True)
     for name, cmd, env in phase_commands(arch, devices, out, extra):
         print(f"nightly: phase {name}: {' '.join(cmd)}", flush=True)
@@ -195,12 +199,17 @@ def main(argv=None) -> int:
         env_info["phases"][name] = {"exit": code, "seconds": seconds, "last_line": last}
         print(f"nightly: phase {name} exit {code} after {seconds} s", flush=True)
         worst = worst if code in (0, 5) else max(worst, 1)  # 5, nothing collected: judged below, by what ran
+        refused |= code == cli.INPUT  # pytest's usage error: the arguments or a setting, not the kernels
     if devices and not a.no_latency:
         code, seconds, last = run([python, "-m", "tools.bench_latency", "--json", str(out / "latency.json")], common,
                                   log, a.phase_timeout)
         env_info["phases"]["latency"] = {"exit": code, "seconds": seconds, "last_line": last}
     (out / "env.json").write_text(json.dumps(env_info, indent=1))
     write_report(out, a.baseline)
+    if refused:
+        print("nightly: a phase's pytest refused its arguments or a setting (exit 4; nightly.log says which)",
+              file=sys.stderr, flush=True)
+        return cli.INPUT
     empty = nothing_tested(out, arch) if worst == 0 else None
     if empty:
         print(f"nightly: RED: {empty}", file=sys.stderr, flush=True)

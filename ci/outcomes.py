@@ -12,13 +12,13 @@ are counted under ``-``. The known names are the registered implementations and 
 """
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 import xml.etree.ElementTree as ET
 from collections import Counter, defaultdict
 from pathlib import Path
 
+from ci import cli
 from fixtures import results
 
 OUTCOMES = ("passed", "failed", "skipped", "xfailed")
@@ -73,11 +73,11 @@ def differences(old: dict, new: dict) -> list[str]:
             for impl, ep in sorted(set(old) | set(new)) if old.get((impl, ep)) != new.get((impl, ep))]
 
 
+@cli.command("ci.outcomes")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m ci.outcomes", description=__doc__.split("\n\n")[0],
-                                epilog="exit codes: 0 read (and equal), 1 the two runs' counts differ, "
-                                       "2 a missing or unreadable JUnit file",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.Parser("ci.outcomes", description=__doc__.split("\n\n")[0],
+                   codes={cli.OK: "read (and, given two, the same counts)", cli.VERDICT: "the two runs' counts differ",
+                          cli.INPUT: "a missing or unreadable JUnit file"})
     p.add_argument("junit", nargs="+", type=Path, help="one JUnit file, or two (OLD NEW) to compare")
     a = p.parse_args(argv)
     if len(a.junit) > 2:
@@ -85,15 +85,14 @@ def main(argv=None) -> int:
     try:
         cells = [matrix(path) for path in a.junit]
     except (OSError, ET.ParseError) as err:
-        print(f"ci.outcomes: cannot read a JUnit file: {err}", file=sys.stderr)
-        return 2
+        raise cli.InputError(f"cannot read a JUnit file: {err}; give JUnit XML files (pytest --junitxml)") from None
     for path, cell in zip(a.junit, cells):
         print(f"== {path}\n{render(cell)}")
     if len(cells) == 2:
         diff = differences(*cells)
         print("\n".join(["== differences", *diff]) if diff else "== the same counts for every implementation and EP size")
-        return 1 if diff else 0
-    return 0
+        return cli.VERDICT if diff else cli.OK
+    return cli.OK
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """A results folder made readable: report.md and report.html with plots, for people and a nightly job's artifact.
 
     python -m ci.report RESULTS_DIR [--baseline PREVIOUS_DIR] [--out DIR]   # report.md, report.html, plots/*.png
+    python -m ci.report SHARD_DIR SHARD_DIR ... --out DIR                  # the shards of one run, merged (ci.runs)
 
 Reads what the suite and ci.nightly leave in the folder (plain or .gz): JUnit files (``junit*.xml``), per-case
 records (``cases-*.jsonl``), failures and findings, ``env.json`` and ``latency.json`` (tools.bench_latency). The
@@ -19,7 +20,7 @@ import sys
 from pathlib import Path
 from xml.etree import ElementTree
 
-from ci import cli, report_baseline, report_bounds, report_failures, report_outcomes, report_plots
+from ci import cli, report_baseline, report_bounds, runs, report_failures, report_outcomes, report_plots
 from ci.report_html import to_html
 from fixtures.results import case_records, junit_outcomes, latency_rows, left_running, records
 from fixtures.results import text as results_text
@@ -27,10 +28,15 @@ from tools import bench_cases
 
 CODES = {0: "the report was written (with --baseline: and ci.compare_runs found no regression)",
          1: "the report was written, and ci.compare_runs calls this run a regression of the baseline",
-         2: "unusable input: the folder is missing, holds no results or a malformed file; or the baseline is "
-            "missing, malformed or incomparable (the report says why)"}
-# pytest's exit codes beyond pass (0), failed tests (1) and nothing collected (5); 124: the phase's timeout
-EXIT_MEANING = {2: "interrupted", 3: "internal error", 4: "pytest usage error: no test ran", 124: "timed out",
+         cli.INPUT: "unusable input: the folder is missing, holds no results or a malformed file; or the baseline is "
+            "missing, malformed or incomparable (the report says why); or folders that are not one run's shards "
+            "(a test in two shards, a summary.json off its schema)"}
+# a phase's exit codes beyond pass (0), failed tests (1) and nothing tested (5), short forms of cli.EXIT_CODES; 124:
+# the phase's timeout
+EXIT_MEANING = {cli.INTERRUPTED: "interrupted", cli.INTERNAL: "internal error",
+                cli.INPUT: "pytest usage error: no test ran",
+                cli.INCOMPLETE: "no verdict: a server or GPU was not there",
+                124: "timed out",
                 127: "a command not found, or the dynamic loader ended the process", 139: "segmentation fault"}
 
 
@@ -53,7 +59,7 @@ def plots(cases: list, out: Path) -> list[Path]:
 def _alarms(folder: Path, phases: dict) -> list[str]:
     """A phase that failed outright (a usage error, a crash, a timeout) and a process that died inside a test: a
     report of no tests is no pass."""
-    alarms = [f"**pytest ended inside `{test}`** ({'process ' + worker if worker != 'main' else 'its process'} died "
+    alarms = [f"**pytest ended inside `{test}`** ({'process ' + worker if worker.rsplit('/', 1)[-1] != 'main' else 'its process'} died "
               "there without finishing the session: no summary, no JUnit entries for the rest)"
               for worker, test in left_running(folder).items()]
     alarms += [f"**FAILED: phase {name} exited {ph.get('exit')}** "
@@ -161,12 +167,20 @@ def readable(folder: Path) -> None:
 @cli.command("ci.report")
 def main(argv=None) -> int:
     p = cli.Parser("ci.report", description=__doc__.splitlines()[0], codes=CODES)
-    p.add_argument("folder", type=Path, help="a results folder (pytest's --results-dir, ci.nightly's --out)")
+    p.add_argument("folders", nargs="+", type=Path, metavar="folder",
+                   help="a results folder (pytest's --results-dir, a run folder in it, ci.nightly's --out); several: "
+                        "the shards of one run, merged into --out (ci.runs)")
     p.add_argument("--baseline", type=Path, help="a previous run's results folder: ci.compare_runs' verdict against "
                                                  "it heads the report")
-    p.add_argument("--out", type=Path, help="where to write the report (default: the results folder)")
+    p.add_argument("--out", type=Path, help="where to write the report (default: the results folder; with several "
+                                            "folders, required: they are merged there)")
     a = p.parse_args(argv)
-    readable(a.folder)
+    for folder in a.folders:
+        readable(folder)
+    if len(a.folders) > 1 and a.out is None:
+        raise cli.InputError(f"{len(a.folders)} folders and no --out: give --out DIR, where they are merged")
+    a.folder = runs.merge(a.folders, a.out) if len(a.folders) > 1 else a.folders[0]
+    runs.summaries([a.folder])  # a test in two shards, a malformed summary.json: an input error
     comparison = report_baseline.compare(a.baseline, a.folder) if a.baseline else (0, [])
     written = write(a.folder, a.baseline, comparison, a.out)
     print("\n".join(f"wrote {path}" for path in written))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ci import cli, compare_runs
 
-VERDICTS = {0: "no regression", 1: "REGRESSION", 2: "incomparable"}
+VERDICTS = {cli.OK: "no regression", cli.VERDICT: "REGRESSION", cli.INPUT: "incomparable"}
 SUMMARY_LIMIT = 1_000_000  # bytes: GitHub refuses a step summary over 1 MiB
 
 
@@ -18,14 +18,14 @@ def compare(baseline: Path, folder: Path) -> tuple[int, list[str]]:
         compare_runs.readable(baseline, "the baseline")
         compare_runs.readable(folder, "this run's")
     except cli.InputError as err:
-        return 2, [str(err)]
+        return cli.INPUT, [str(err)]
     return compare_runs.compare(baseline, folder)
 
 
 def headline(baseline: Path, code: int, lines: list[str]) -> str:
     regressions, warnings = (sum(line.startswith(word) for line in lines) for word in ("REGRESSION", "WARNING"))
     counts = [f"{n} {what} lines" for n, what in ((regressions, "regression"), (warnings, "warning")) if n]
-    what = f": {lines[0]}" if code == 2 and lines else (": " + ", ".join(counts) if counts else "")
+    what = f": {lines[0]}" if code == cli.INPUT and lines else (": " + ", ".join(counts) if counts else "")
     return (f"**Against the baseline `{baseline}` (ci.compare_runs): verdict {VERDICTS[code]}**{what} "
             "([what changed](#what-changed-since-the-baseline))")
 

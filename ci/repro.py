@@ -4,7 +4,7 @@
 
 Runs the scenario on a fresh rank pool of the scenario's EP size, through each named check of the
 registry (fixtures.checks.CHECKS), and prints the verdict of each. Exit 0: every check passes; 1: a check
-failed (reproduced); 2: unusable input (a scenario that is not JSON or not a valid scenario, an unknown
+failed (reproduced); 4: unusable input (a scenario that is not JSON or not a valid scenario, an unknown
 implementation or check), said in one line before anything runs.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import jsonschema
 
 from ci import cli
 from fixtures.checks import CHECKS
-from fixtures.dist.pool import close_all
+from fixtures.scheduler import close_all
 from fixtures.implementation import load
 from fixtures.problem import EXACT_PATTERN, PATTERNS, BatchCase, LayerCase, Scenario, make_batch
 from fixtures.runner import Subject
@@ -107,7 +107,7 @@ def parse(argv) -> tuple[Subject, Scenario, list[str], int]:
     """The subject, scenario, checks and seed a reproduction line names (an InputError if it names none)."""
     p = cli.Parser("ci.repro", description="re-run one conformance case",
                    codes={0: "every check passes (not reproduced)", 1: "a check failed (reproduced)",
-                          2: "unusable input: the scenario, implementation or checks (one line says which)"})
+                          cli.INPUT: "unusable input: the scenario, implementation or checks (one line says which)"})
     p.add_argument("--impl", required=True, help="registered name or pkg.module:factory (python -m ci.backends)")
     p.add_argument("--scenario", required=True, help="the scenario JSON printed with the failure")
     p.add_argument("--checks", default="oracle,textbook", help=f"comma-separated subset of {list(CHECKS)}")

@@ -3,8 +3,8 @@
     python -m ci.repro_routing '<RoutingCase JSON>'
 
 Runs the FlashInfer routing op named in the case on GPU 0, compares it with reference.routing and prints
-the verdict. Exit 0: the op matches; 1: a mismatch or a crash (reproduced); 2: a case that is not JSON or not a
-routing case; 3: no CUDA GPU here to run it on.
+the verdict. Exit 0: the op matches; 1: a mismatch or a crash (reproduced); 4: a case that is not JSON or not a
+routing case; 6: no CUDA GPU here to run it on.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from fixtures.flashinfer.routing_ops import BY_NAME
 from reference.routing import METHOD_TABLE
 
 CODES = {0: "the op matches the reference", 1: "a mismatch or a crash (reproduced)",
-         2: "unusable input: not JSON, or not a routing case", 3: "no CUDA GPU here to run the op on"}
+         cli.INPUT: "unusable input: not JSON, or not a routing case", cli.INCOMPLETE: "no CUDA GPU here to run the op on"}
 
 
 def case_from_line(text: str) -> RoutingCase:

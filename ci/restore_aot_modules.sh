@@ -4,9 +4,13 @@
 #   ci/restore_aot_modules.sh TARBALL AOT_DIR INSTALLED_VERSION
 # Only into the FlashInfer version the modules were built for (BUILD_INFO's first line): a module of another
 # version may carry the same name (dsv3_fused_routing has no hash in it) and other code.
+# Exit codes (ci/cli.py's table): 0 done, every fit module installed (none, when they are another version's or their
+# check could not run: the line says so); 4 a missing argument, or a TARBALL that is no such build (one line).
 set -euo pipefail
+[ $# -eq 3 ] || { echo "ci/restore_aot_modules.sh: usage: ci/restore_aot_modules.sh TARBALL AOT_DIR INSTALLED_VERSION" >&2; exit 4; }
 tarball=$1 aot=$2 installed=$3
-info=$(tar xzf "$tarball" -O flashinfer-aot/BUILD_INFO)
+info=$(tar xzf "$tarball" -O flashinfer-aot/BUILD_INFO 2>/dev/null) \
+  || { echo "ci/restore_aot_modules.sh: $tarball holds no flashinfer-aot/BUILD_INFO: give python -m tools.build_jit_modules' tarball" >&2; exit 4; }
 built=$(sed -n 's/^flashinfer-python //p' <<< "$info")
 if [ "$built" != "$installed" ]; then
   echo "AOT modules of $tarball are for flashinfer-python ${built:-unknown}, this host has $installed: not installed"

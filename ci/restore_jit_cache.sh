@@ -10,9 +10,13 @@
 # .ninja_log, and when the output is newer than its .ninja_deps entry. So the outputs keep their packed
 # mtimes (tar keeps them) and the freshly installed inputs are dated 2000-01-01. Prints a ninja dry run
 # per module: "no work to do" or ninja's reason for a rebuild.
+# Exit codes (ci/cli.py's table): 0 restored; 4 a missing argument, or a TARBALL that cannot be unpacked into
+# CACHE_PARENT (one line says which).
 set -uo pipefail
+[ $# -ge 2 ] || { echo "ci/restore_jit_cache.sh: usage: ci/restore_jit_cache.sh TARBALL CACHE_PARENT SITE_DIR..." >&2; exit 4; }
 tarball=$1 cache=$2; shift 2
-mkdir -p "$cache" && tar xzf "$tarball" -C "$cache" --exclude 'cutlass_python_cache*' || exit 1
+mkdir -p "$cache" && tar xzf "$tarball" -C "$cache" --exclude 'cutlass_python_cache*' 2>/dev/null \
+  || { echo "ci/restore_jit_cache.sh: cannot unpack $tarball into $cache: give a tarball of ~/.cache/flashinfer" >&2; exit 4; }
 if tar tzf "$tarball" | grep -q '^cutlass_python_cache/'; then
   cute="${CUTE_DSL_CACHE_DIR:-${TMPDIR:-/tmp}/$(id -un)/cutlass_python_cache}"
   mkdir -p "$cute" && tar xzf "$tarball" -C "$cute" --strip-components=1 cutlass_python_cache \

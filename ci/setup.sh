@@ -1,17 +1,81 @@
 #!/usr/bin/env bash
-# Set up the Python environment the suite runs in; safe to run again. Prints the python to use.
-#   CPU machine: a .venv in the repo at CI's exact versions (ci/constraints.txt, applied to every pip
-#   install here; pyproject.toml declares only ranges), torch FIRST (the CPU build on local disk; anything
-#   that depends on torch installed before it would pull a multi-GB CUDA build), then the test deps and
-#   flashinfer-python (its public API is pinned by CPU tests). Re-installs when either file is newer.
-#   GPU host prepared offline (no network; docs/gpu-hosts.md): ~/gpu-env.sh is sourced and its python3 used;
-#   a packed FlashInfer JIT cache (MOE_JIT_CACHE, default .gpu/jit/fi-jit.tgz) is restored once, so the
-#   kernels load instead of compiling (minutes on a fresh host).
+# Set up the Python environment the suite runs in; safe to run again. Prints the python to use; says on stderr which
+# one it chose and why. The first that applies:
+#   1. MOE_USE_VENV=1: the suite's own .venv (below).
+#   2. MOE_PYTHON (a python executable), else the python3 on PATH (the active environment: an activated venv, a
+#      vLLM or SGLang environment, a FlashInfer source build), where it has torch and is not this checkout's own
+#      .venv: that environment is tested as it is. ci/active_python.py names its torch and FlashInfer and installs
+#      only the missing requirements of the [test] extra, with every installed distribution pinned: torch and
+#      FlashInfer are never installed or changed there, and a FlashInfer that is missing or does not import is
+#      reported, not replaced. A MOE_PYTHON without torch stops set-up. The packed caches of step 3 are not
+#      restored there, and MOE_OTHER_FLASHINFER's environments are made only where it is set.
+#   3. GPU host prepared offline (no network; docs/gpu-hosts.md): ~/gpu-env.sh is sourced and its python3 used
+#      (also when the active python3 is that bundle's); a packed FlashInfer JIT cache (MOE_JIT_CACHE, default
+#      .gpu/jit/fi-jit.tgz) is restored once, so the kernels load instead of compiling (minutes on a fresh host).
+#   4. A machine whose Python has no torch (CI's CPU machine): a .venv in the repo at CI's exact versions
+#      (ci/constraints.txt, applied to every pip install here; pyproject.toml declares only ranges), torch FIRST (the
+#      CPU build on local disk; anything that depends on torch installed before it would pull a multi-GB CUDA
+#      build), then the test deps and flashinfer-python (its public API is pinned by CPU tests). Re-installs when
+#      either file is newer.
+# Exit codes (ci/cli.py's table, one meaning across every command; ci/test.sh and ci/conformance.sh stop with them
+# before pytest starts): 0 set up; 4 a bad setting, one line says which (a MOE_PYTHON without torch or that does not
+# run, a Python that cannot make a venv or has no pip, a ~/gpu-env.sh that fails); 6 could not install (pip could not
+# add what is missing: no package index, or a conflict), or any other failure of set-up: no verdict, fix and rerun.
+# Never 1 (a verdict), 2, 3 or 5 (pytest's).
 set -euo pipefail
+INPUT=4 INCOMPLETE=6
+trap 'rc=$?; if [ "$rc" != 0 ] && [ "$rc" != "$INPUT" ] && [ "$rc" != "$INCOMPLETE" ]; then
+  echo "ci/setup.sh: set-up failed (exit $rc; the lines above say where): no verdict; fix it and rerun" >&2
+  exit "$INCOMPLETE"; fi' EXIT
 root="$(cd "$(dirname "$0")/.." && pwd)"
-if [ -f "$HOME/gpu-env.sh" ] && [ "${MOE_USE_VENV:-0}" != "1" ]; then
+venv="${MOE_VENV:-$root/.venv}"
+say() { echo "ci/setup.sh: $*" >&2; }
+# "probe PYTHON": its python=, prefix= and torch= lines (ci/active_python.py where); nothing when it does not run
+probe() { "$1" "$root/ci/active_python.py" where 2>/dev/null || true; }
+field() { sed -n "s/^$1=//p" <<< "$2"; }
+# the checkout's own environments (.venv, .venv-fi-*) are set up as step 4, not tested as a user's
+ours() {
+  local prefix
+  prefix="$(cd "$(field prefix "$1")" 2>/dev/null && pwd -P)" || return 1
+  [ "$prefix" = "$(cd "$venv" 2>/dev/null && pwd -P)" ] || [[ "$prefix" == "$(cd "$root" && pwd -P)"/.venv-fi-* ]]
+}
+mode=venv why="the python3 on PATH has no torch"
+if [ "${MOE_USE_VENV:-0}" = 1 ]; then
+  why="MOE_USE_VENV=1"
+elif [ -n "${MOE_PYTHON:-}" ]; then
+  info="$(probe "$MOE_PYTHON")"
+  if [ -z "$(field torch "$info")" ]; then
+    what="has no torch"; [ -n "$info" ] || what="does not run"
+    say "MOE_PYTHON=$MOE_PYTHON $what: set-up installs no torch into it; install torch there, or unset MOE_PYTHON" \
+        "for the suite's own .venv"
+    exit "$INPUT"
+  fi
+  mode=active why="MOE_PYTHON=$MOE_PYTHON"
+else
+  info="$(probe python3)"
+  if [ -n "$(field torch "$info")" ] && ours "$info"; then
+    why="the python3 on PATH is this checkout's $(field prefix "$info")"
+  elif [ -n "$(field torch "$info")" ]; then
+    mode=active why="the python3 on PATH has torch"
+  fi
+  if [ -f "$HOME/gpu-env.sh" ]; then
+    if [ "$mode" = venv ]; then
+      mode=bundle why="~/gpu-env.sh exists; $why"
+    elif [ "$info" = "$(source "$HOME/gpu-env.sh" >/dev/null 2>&1; probe python3)" ]; then
+      mode=bundle why="the python3 on PATH is ~/gpu-env.sh's"
+    fi
+  fi
+fi
+if [ "$mode" = active ]; then
+  py="$(field python "$info")"
+  say "testing $py ($why): its torch and FlashInfer as installed"
+  # its own exit code: 4 (this Python has no pip to add the missing requirements with) or 6 (pip could not add them)
+  "$py" "$root/ci/active_python.py" prepare "$root" >&2 || exit $?
+fi
+if [ "$mode" = bundle ]; then
+  say "using ~/gpu-env.sh's python3 ($why)"
   # shellcheck disable=SC1091
-  source "$HOME/gpu-env.sh"
+  source "$HOME/gpu-env.sh" || { say "~/gpu-env.sh failed (exit $?): fix it, or MOE_USE_VENV=1"; exit "$INPUT"; }
   # Each packed cache is restored once per host (a marker per tarball's hash); a failed restore leaves no marker
   # and is tried again next time: "restore_once NAME TARBALL MESSAGE CMD..." (MESSAGE may be empty)
   restore_once() {
@@ -39,8 +103,8 @@ if [ -f "$HOME/gpu-env.sh" ] && [ "${MOE_USE_VENV:-0}" != "1" ]; then
   echo "python3"
   exit 0
 fi
-venv="${MOE_VENV:-$root/.venv}"
 constraints="$root/ci/constraints.txt"
+base="${MOE_PYTHON:-python3}"
 stale() { [ ! -f "$1" ] || [ "$root/pyproject.toml" -nt "$1" ] || [ "$constraints" -nt "$1" ]; }
 # "pip_in PYTHON CONSTRAINTS ARGS...": a quiet pip install at the exact versions of CONSTRAINTS
 pip_in() {
@@ -48,25 +112,32 @@ pip_in() {
   shift 2
   "$python" -m pip install -q -c "$pins" "$@" 2>&1 | grep -v "is ignored" >&2 || true
 }
-if stale "$venv/.moe-installed"; then
-  python3 -m venv "$venv" >&2
-  "$venv/bin/python" -m pip install -q -c "$constraints" --upgrade pip >&2 2>/dev/null || true
-  pip_in "$venv/bin/python" "$constraints" torch
-  pip_in "$venv/bin/python" "$constraints" -e "$root[test,flashinfer]"
-  "$venv/bin/python" -c "import torch, pytest, hypothesis, flashinfer" >&2
-  touch "$venv/.moe-installed"
+if [ "$mode" = venv ]; then
+  say "using $venv/bin/python ($why)"
+  if stale "$venv/.moe-installed"; then
+    "$base" -m venv "$venv" >&2 || { say "$base cannot make a venv at $venv (python3-venv missing?)"; exit "$INPUT"; }
+    "$venv/bin/python" -m pip install -q -c "$constraints" --upgrade pip >&2 2>/dev/null || true
+    pip_in "$venv/bin/python" "$constraints" torch
+    pip_in "$venv/bin/python" "$constraints" -e "$root[test,flashinfer]"
+    "$venv/bin/python" -c "import torch, pytest, hypothesis, flashinfer" >&2 \
+      || { say "could not install the suite's requirements into $venv (pip's lines above say why)"; exit "$INCOMPLETE"; }
+    touch "$venv/.moe-installed"
+  fi
 fi
 # The other FlashInfer version the suite supports, in a small environment of its own: the CPU tier runs
-# the FlashInfer API tests against it too (suites/flashinfer/test_other_versions.py). "" skips it. Its
-# constraints are CI's without the flashinfer-python pin, which that version replaces.
-for other in ${MOE_OTHER_FLASHINFER-0.7.2.post1}; do
+# the FlashInfer API tests against it too (suites/flashinfer/test_other_versions.py). "" skips it; beside a
+# user's environment (step 2) only a set MOE_OTHER_FLASHINFER makes them. Its constraints are CI's without the
+# flashinfer-python pin, which that version replaces.
+others="${MOE_OTHER_FLASHINFER-0.7.2.post1}"
+[ "$mode" = venv ] || others="${MOE_OTHER_FLASHINFER-}"
+for other in $others; do
   env2="$root/.venv-fi-$other"
   if stale "$env2/.moe-installed"; then
-    python3 -m venv "$env2" >&2
+    "$base" -m venv "$env2" >&2
     grep -v '^flashinfer-python==' "$constraints" > "$env2/constraints.txt"
     pip_in "$env2/bin/python" "$env2/constraints.txt" torch
     pip_in "$env2/bin/python" "$env2/constraints.txt" -e "$root[test]" "flashinfer-python==$other"
     "$env2/bin/python" -c "import torch, pytest, hypothesis, flashinfer" >&2 && touch "$env2/.moe-installed"
   fi
 done
-echo "$venv/bin/python"
+if [ "$mode" = active ]; then echo "$py"; else echo "$venv/bin/python"; fi

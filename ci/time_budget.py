@@ -18,8 +18,8 @@ Then every test of no implementation, all tests, and the session: its processes'
 shutdown). Then the pools' warm-ups, which ran beside the tests, and the CuTe DSL compiles of every process.
 
 Read from the per-test records (``tests-*.jsonl``, fixtures.time_spent) and the session records; a folder written
-before them (the committed H200 runs up to run 9) is read from its per-case records and JUnit times: there a pool
-start counts as case time and the tests that write no per-case record (all but two) count as idle.
+before them (the H200 folders up to reference.evidence.RAW_RESTRUCTURE_UNCHANGED) is read from its per-case records
+and JUnit times: a pool start counts as case time, and the tests that write no per-case record (all but two) as idle.
 """
 from __future__ import annotations
 
@@ -39,8 +39,8 @@ from fixtures.time_spent import fitted, shape_of
 PARTS = ("pool start", "compiles", "layer builds", "cases", "checks", "idle")
 NO_IMPL = ("", 0)  # the row of tests that run on no implementation's rank pool
 # A compile, against the same shape's rebuild: on the H200 a first forward that compiled took 1.7-11.4 s, one of a
-# compiled kernel at most 0.24 s, a model layer's weights 0.9-2.7 s (reference.evidence.RAW_RUN9, RAW_RUN8): twice
-# the rebuild and a second more is a compile, never a large layer's weights.
+# compiled kernel at most 0.24 s, a model layer's weights 0.9-2.7 s (reference.evidence.RAW_RESTRUCTURE_UNCHANGED,
+# RAW_NIGHTLY_GREEN): twice the rebuild and a second more is a compile, never a large layer's weights.
 COMPILE_RATIO = 2.0
 COMPILE_EXCESS_S = 1.0
 _SUBJECT = re.compile(r"\[(?P<impl>.+?)-EP(?P<ep>\d+)")  # a subject's test id, as fixtures.progress groups them
@@ -276,8 +276,8 @@ def markdown_table(folder: Path | str) -> str:
 @cli.command("ci.time_budget")
 def main(argv=None) -> int:
     p = cli.Parser("ci.time_budget", description=__doc__.splitlines()[0],
-                   codes={2: "the folder is missing or holds a malformed record or JUnit file",
-                          5: "the folder holds no test times (no per-test records or JUnit files)"},
+                   codes={cli.INPUT: "the folder is missing or holds a malformed record or JUnit file",
+                          cli.NOTHING_TESTED: "the folder holds no test times (no per-test records or JUnit files)"},
                    more=__doc__.split("\n\n", 2)[2])
     p.add_argument("folder", type=Path, help="a results folder (a run's --results-dir)")
     a = p.parse_args(argv)

@@ -33,7 +33,7 @@ VERSION = re.compile(r"\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?")
 SPECS = ("a FlashInfer version (0.7.4), a wheel (.whl), an environment (a folder with bin/python) or a "
          "`pip --target` folder holding flashinfer/")
 CODES = {0: "no regression (GPU), or the same API (no GPU)", 1: "a regression (GPU), or the API changed (no GPU: "
-         "for review)", 2: "unusable input: OLD or NEW names nothing installable, or the runs are incomparable"}
+         "for review)", cli.INPUT: "unusable input: OLD or NEW names nothing installable, or the runs are incomparable"}
 
 
 @dataclass(frozen=True)

@@ -105,7 +105,7 @@ class Tolerance:
     widens them towards the per-token bound accordingly: one token is held to ``row_rel_l2`` (the global
     norm of one row is that row's), many tokens to ``rel_l2`` (the blockwise pull kernel on the
     H200 at 1, 7 and 13 tokens of an H=128 layer: rel-L2 0.037, 0.030 and 0.023 against 0.02, band <= 8.3
-    units; reference.evidence.RUN2).
+    units; reference.evidence.FP8_ACCUMULATION).
 
     :class:`Systematic` bounds what a noise bound cannot see: a gain or bias that every element shares.
     """

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from reference import tolerances
-from reference.evidence import RUN11
+from reference.evidence import EXACT_EVERY_BACKEND
 # The building blocks and the bounds, re-exported: a recipe module user needs no second import.
 from reference.numerics import (BF16, BITWISE, FP32_ORDER, NONE, Quant, Systematic,
                                 Tolerance)
@@ -170,7 +170,8 @@ SM90_PUSH_CAKE_BF16 = Recipe(
            "descriptor pins it; the kernel's own default above 8 tokens a rank, which every layer of the suite "
            "has): the expert's rank sums its w*y of a token in fp32, sends one bf16 row per (token, rank), and "
            f"the rows are summed in fp32. The per_route wire (one bf16(w*y) per route) that this recipe first "
-           f"assumed differed on every exact case by 1-2 bf16 ulps, in the exact elements that differ ({RUN11})")
+           "assumed differed on every exact case by 1-2 bf16 ulps, in the exact elements that differ "
+           f"({EXACT_EVERY_BACKEND})")
 
 # FlashInfer 0.7.4's three new Hopper pull kernels (kernels §D2.1-§D2.3).
 SM90_PULL_BF16 = Recipe(

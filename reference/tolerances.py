@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from reference.evidence import H200_072, RUN3, RUN4, RUN5, RUN6, RUN8, RUN10
+from reference.evidence import (FLASHINFER_074_CALIBRATION, FP4_PULL_AND_UPGRADE, GREEN_FLOORS_HELD, H200_072,
+                                MEGAMOE_EXACT, NIGHTLY_GREEN, PUSH_CUDA_AND_IDLE_POOLS)
 from reference.numerics import Systematic, Tolerance
 
 # One e4m3 rounding flip: the recipe emulates every FP8 rounding, but an fp32 accumulation-order difference
@@ -20,7 +21,8 @@ E4M3_FLIP_BAND = 32.0
 # Systematic-error floors (fixtures.systematic): each sits above the largest clean deviation seen with >= 8 tokens;
 # the k robust standard errors come on top.
 _CLEAN = "clean H200 cases with >= 8 tokens (FlashInfer 0.7.4): "
-_HELD = f" ({RUN3}; held with 0 false alarms in >= 1163 clean checks a backend: {RUN5})"
+_HELD = (f" ({FLASHINFER_074_CALIBRATION}; held with 0 false alarms in >= 1163 clean checks a backend: "
+         f"{GREEN_FLOORS_HELD})")
 PROVISIONAL_SYSTEMATIC = Systematic(
     gain_floor=5e-4, bias_floor=1e-3, expert_gain_floor=5e-3, rank_gain_floor=1e-2,
     reason="provisional, not calibrated on hardware: half the smallest faults the suite must catch "
@@ -32,7 +34,7 @@ SYSTEMATIC_BF16 = Systematic(  # push_cake, BF16 pull: a 0.1% uniform scale and 
 # The FP8 pull kernels' clean gains sit about 1.3e-4 below 1 with a median robust standard error of 7.8e-5, so
 # k = 6 (a t quantile of ~7.4 at 30-50 tokens) plus the 5e-4 floor bounds |gain - 1| at about 1.1e-3: a 0.1%
 # scale passes, and 0.3% is the uniform resolution these bounds are held to.
-_FP8_PULL_ROBUST = f"; clean gains 1.3e-4 below 1, median robust standard error 7.8e-5 ({RUN4})"
+_FP8_PULL_ROBUST = f"; clean gains 1.3e-4 below 1, median robust standard error 7.8e-5 ({PUSH_CUDA_AND_IDLE_POOLS})"
 SYSTEMATIC_FP8_BLOCKWISE = Systematic(  # 1% on one expert is caught (expert 0 gain 1.00985, se 3.9e-4)
     gain_floor=5e-4, bias_floor=2e-4, expert_gain_floor=5e-3, rank_gain_floor=2e-3, resolution=(3e-3, 1e-2),
     reason=_CLEAN + "|gain - 1| <= 4.2e-4; |bias| <= 1.5e-5; rank gains within 9.5e-4" + _HELD + _FP8_PULL_ROBUST)
@@ -52,7 +54,7 @@ SYSTEMATIC_PUSH_FP8 = Systematic(  # noisy (F1): its fault wrappers are held to 
 SYSTEMATIC_FP4_PULL = Systematic(
     gain_floor=5e-4, bias_floor=2e-4, expert_gain_floor=5e-3, rank_gain_floor=1e-2, resolution=(3e-3, 1e-2),
     reason=_CLEAN + "|gain - 1| <= 4.9e-4 (MXFP4), 7.8e-4 (NVFP4), below 1; |bias| <= 1.6e-5; worst expert "
-                    f"|gain - 1| <= 1.5e-3; rank floor the provisional 1e-2, held at EP2/4/8 ({RUN6})")
+                    f"|gain - 1| <= 1.5e-3; rank floor the provisional 1e-2, held at EP2/4/8 ({FP4_PULL_AND_UPGRADE})")
 
 # The exact check's bound per recipe name, in bf16 ulps of the exact answer (fixtures.exact_check, docs/exact-cases.md):
 # none declared, every recipe is held bit for bit on its exact cases; a bound would need its reason and log here.
@@ -76,7 +78,7 @@ PUSH_FP8 = dataclasses.replace(
     FP8_PULL, rel_l2=0.03, cosine=0.9995, row_rel_l2=0.08, row_floor=0.006, band_c=E4M3_FLIP_BAND,
     reason="measured against this recipe, grouped combine included (118 H200 batches): rel-L2 <= 0.019 at >= 16 "
            "tokens, 0.0466 at 2 tokens, worst token 0.054, worst element 12.3 band units "
-           f"({RUN4}; held, 0 outside: {RUN5})",
+           f"({PUSH_CUDA_AND_IDLE_POOLS}; held, 0 outside: {GREEN_FLOORS_HELD})",
     systematic=SYSTEMATIC_PUSH_FP8)
 # Two outputs at different EP sizes differ by the recipe's own shift (its fp8 wire rounds each owner rank's partial
 # sum: EPn against EP1 on CPU, rel-L2 <= 0.0375, token <= 0.045, row <= 0.0056, <= 7 band units) plus each output's
@@ -94,17 +96,18 @@ PUSH_CAKE = Tolerance(
     rel_l2=0.01, cosine=0.9999, row_rel_l2=0.02, row_floor=0.002, band_c=4.0, band_atol=1e-3,
     textbook_rel_l2=0.02,
     reason=f"H200 against this recipe: rel-L2 <= 0.0029 under 0.7.2.post1 ({H200_072}), <= 0.0035 under 0.7.4 "
-           f"({RUN8})",
+           f"({NIGHTLY_GREEN})",
     systematic=SYSTEMATIC_BF16)
 BF16_PULL = dataclasses.replace(
     PUSH_CAKE, reason=f"push_cake's bounds; H200 at EP1/2/4/8: rel-L2 <= 0.0022, worst token 0.0030, band <= 1.12 "
-                      f"units ({RUN8})")
+                      f"units ({NIGHTLY_GREEN})")
 
 FP4_PULL = dataclasses.replace(
     FP8_PULL, textbook_rel_l2=0.4, systematic=SYSTEMATIC_FP4_PULL,
     reason="the FP8 pull kernel's bounds; 60 H200 calibration batches a kernel and the FP4 cases at EP1/2/4/8: "
            "rel-L2 <= 0.0099 (MXFP4), 0.014 (NVFP4) on multi-token batches, worst token 0.034, band <= 4.2 units; "
-           f"textbook (unquantized weights) 0.17-0.27, the E2M1 weights' own distance, hence 0.4 ({RUN6})")
+           "textbook (unquantized weights) 0.17-0.27, the E2M1 weights' own distance, hence 0.4 "
+           f"({FP4_PULL_AND_UPGRADE})")
 
 SM100_NVFP4 = Tolerance(
     rel_l2=0.02, cosine=0.999, row_rel_l2=0.06, row_floor=0.03, band_c=8.0, band_atol=2e-3, textbook_rel_l2=0.5,
@@ -122,13 +125,16 @@ SM100_DEEPGEMM = Tolerance(
     systematic=PROVISIONAL_SYSTEMATIC)
 
 # flashinfer.megamoe (docs/megamoe-sm90.md). Its E4M3 x E2M1 numerics (E4M3 activations and FC2 inputs, FP4 weights
-# decoded to E4M3) are closest to the FP8 x FP4 pull kernels': their noise bounds, which the H200 held (RUN10).
+# decoded to E4M3) are closest to the FP8 x FP4 pull kernels': their noise bounds, which the H200 held
+# (reference.evidence.MEGAMOE_EXACT).
 SYSTEMATIC_MEGAMOE = Systematic(
     gain_floor=5e-4, bias_floor=2e-4, expert_gain_floor=5e-3, rank_gain_floor=1e-2, resolution=(1e-2, 5e-2),
     reason="MXFP4 fused at EP1 on the H200: 0 false alarms in 1330 clean statistic checks (713 in 68 calibration "
            "batches, 617 in the run's own cases); a 0.3% uniform scale (gain 1.0029, robust SE 4.5e-4) and 1% on "
-           f"one expert (1.0067, SE 2.6e-4) at 48 tokens passed them, hence 1% and 5%; the exact check sees both ({RUN10})")
+           "one expert (1.0067, SE 2.6e-4) at 48 tokens passed them, hence 1% and 5%; the exact check sees both "
+           f"({MEGAMOE_EXACT})")
 MEGAMOE_FP4 = dataclasses.replace(
     FP4_PULL, systematic=SYSTEMATIC_MEGAMOE,
     reason="the FP8 x FP4 pull kernels' noise bounds; MXFP4 fused at EP1 on the H200 within them in every case: "
-           f"calibration rel-L2 <= 0.0204, worst token 0.055, band <= 6.7 units, 0 of 68 batches outside ({RUN10})")
+           "calibration rel-L2 <= 0.0204, worst token 0.055, band <= 6.7 units, 0 of 68 batches outside "
+           f"({MEGAMOE_EXACT})")

@@ -13,7 +13,6 @@ output, the systematic statistics, the textbook oracle, and the rest ("other").
 """
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
+from ci import cli
 from fixtures import settings
 from fixtures.results import case_records
 
@@ -59,11 +59,17 @@ def table(summary: dict[tuple[str, int], dict]) -> str:
     return "\n".join(lines)
 
 
+@cli.command("tools.bench_cases")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = cli.Parser("tools.bench_cases", description=__doc__.splitlines()[0],
+                   codes={cli.INPUT: "--from names no folder, or pytest refused the other arguments (it says why)",
+                          cli.NOTHING_TESTED: "no per-case records: nothing to summarise"},
+                   more="Arguments it does not know go to pytest.")
     p.add_argument("--from", dest="source", type=Path, help="a results dir of a run already made")
     a, pytest_args = p.parse_known_args(argv)
     source = a.source
+    if source is not None and not source.is_dir():
+        raise cli.InputError(f"--from {source}: no such folder; give a results dir (a run's --results-dir)")
     if source is None:
         source = Path(tempfile.mkdtemp(prefix="bench-cases-"))
         env = {**os.environ, settings.HYPOTHESIS_PROFILE.name: settings.HYPOTHESIS_PROFILE.raw() or "ci"}
@@ -71,10 +77,16 @@ def main(argv=None) -> int:
                "-q", "-p", "no:cacheprovider", "--results-dir", str(source), *pytest_args]
         print("running:", " ".join(cmd), flush=True)
         done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env)
-        if done.returncode not in (0, 5):
+        if done.returncode == cli.INPUT:  # pytest's usage error: it has said which argument
+            return cli.INPUT
+        if done.returncode not in (cli.OK, cli.NOTHING_TESTED):
             print(f"the suite failed (exit {done.returncode}): figures below cover the cases that ran")
-    print(table(summarise(case_records(source))))
-    return 0
+    records = list(case_records(source))
+    if not records:
+        print(f"{source}: no per-case records (cases-*.jsonl)", file=sys.stderr)
+        return cli.NOTHING_TESTED
+    print(table(summarise(records)))
+    return cli.OK
 
 
 if __name__ == "__main__":

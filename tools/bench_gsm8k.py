@@ -7,25 +7,33 @@ not a model: the toy server answers instantly.
 """
 from __future__ import annotations
 
-import argparse
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+from ci import cli
 from fixtures.gsm8k_toy_server import Policy, serve
 from gates.gsm8k import client, dataset, gate, prompts
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+@cli.command("tools.bench_gsm8k")
+def main(argv=None) -> int:
+    p = cli.Parser("tools.bench_gsm8k", description=__doc__.splitlines()[1],
+                   codes={cli.INPUT: "a bad argument, or --data names no GSM8K data",
+                          cli.INCOMPLETE: "no --data, and the GSM8K data could not be fetched"})
     p.add_argument("--recipe", default="vllm", choices=sorted(prompts.RECIPES))
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--fault-rate", type=float, default=0.0)
     p.add_argument("--data", default=None)
     a = p.parse_args(argv)
     start = time.monotonic()
-    test, train = dataset.load("test", a.data), dataset.load("train", a.data)
+    try:
+        test, train = dataset.load("test", a.data), dataset.load("train", a.data)
+    except (dataset.DatasetError, OSError, ValueError) as err:
+        if a.data is None:
+            raise cli.Incomplete(f"the GSM8K data could not be had ({err}); give --data") from None
+        raise cli.InputError(f"--data {a.data}: {err}; give GSM8K's test and train JSON lines") from None
     recipe = prompts.RECIPES[a.recipe]
     prompt_list = prompts.build_prompts(recipe, test, train)
     prep = time.monotonic() - start
@@ -48,8 +56,8 @@ def main(argv=None):
     print(f"GSM8K {len(prompt_list)} questions, recipe {a.recipe}, concurrency {a.concurrency}, fault rate "
           f"{a.fault_rate}: total {total:.1f} s (load + prompts {prep:.1f} s, asking {ask:.1f} s, scoring "
           f"{scoring:.2f} s); answered {len(answers)}, retries {stats.retried}; accuracy {scores}")
-    return total
+    return cli.OK
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -14,7 +14,6 @@ PyTorch on the same device: the baseline column a kernel engineer compares with.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from ci import cli
 from fixtures.problem import BatchCase, LayerCase, make_batch, make_weights
 
 # Dense peaks (the datasheets' tensor-core figures are with 2:4 sparsity: half of them), keyed by
@@ -181,8 +181,10 @@ def measure(spec: str, geometry: Geometry, token_counts: list[int], device, warm
     return rows
 
 
+@cli.command("tools.bench_latency")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = cli.Parser("tools.bench_latency", description=__doc__.splitlines()[0],
+                   codes={cli.INPUT: "a bad argument: an unknown --geometry, or --tokens not integers"})
     p.add_argument("--impl", action="append", help="default: torch and every SM90 backend that can run here")
     p.add_argument("--geometry", default="deepseek-v3-like,glm-flash-like")
     p.add_argument("--tokens", default="8,64,512,1024,8192")
@@ -191,6 +193,10 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    unknown = [name for name in a.geometry.split(",") if name not in GEOMETRIES]
+    if unknown or not all(t.strip().isdigit() for t in a.tokens.split(",")):
+        raise cli.InputError(f"--geometry {a.geometry} --tokens {a.tokens}: the geometries are some of "
+                             f"{', '.join(GEOMETRIES)}, the token counts integers, comma-separated")
     device = torch.device(a.device)
     specs = a.impl
     if specs is None:

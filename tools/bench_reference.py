@@ -8,12 +8,12 @@ once per layer and reported separately.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
 
 import torch
 
+from ci import cli
 from reference import recipes
 from reference.moe import moe_reference, prepare_weights
 
@@ -27,8 +27,10 @@ def best_of(fn, repeats):
     return min(times)
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+@cli.command("tools.bench_reference")
+def main(argv=None) -> int:
+    p = cli.Parser("tools.bench_reference", description=__doc__.splitlines()[1],
+                   codes={cli.INPUT: "a bad argument, or --recipes names an unknown recipe"})
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--experts", type=int, default=64)
     p.add_argument("--top-k", type=int, default=8)
@@ -38,6 +40,10 @@ def main(argv=None):
     p.add_argument("--recipes", default="bf16_weights,sm90_pull_fp8_blockwise")
     p.add_argument("--json", default=None, help="write the results here too")
     a = p.parse_args(argv)
+    unknown = [name for name in a.recipes.split(",") if name not in recipes.ALL_RECIPES]
+    if unknown:
+        known = ", ".join(sorted(recipes.ALL_RECIPES))
+        raise cli.InputError(f"--recipes: unknown {', '.join(unknown)}; known: {known}")
     t, e, k, h, i = a.tokens, a.experts, a.top_k, a.hidden, a.inter
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(t, h, generator=gen).to(torch.bfloat16)
@@ -78,8 +84,8 @@ def main(argv=None):
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(report, fh, indent=2)
-    return report
+    return cli.OK
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -18,11 +18,10 @@ nvcc version, arch list); ``ci/restore_aot_modules.sh`` installs it only into th
 module is checked before it is packed, and again before it is installed, for the one fault that a build without
 a GPU can make and that FlashInfer cannot recover from: calls into the CUDA driver without libcuda.so.1 among its
 NEEDED libraries (``ci/aot_linkage.py``; the dynamic loader ends the process at the module's first driver call:
-reference.evidence.RUN7).
+reference.evidence.AOT_CRASH_AND_CUT_SHORT).
 """
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import os
 import shutil
@@ -32,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ci import ROOT, aot_linkage
+from ci import ROOT, aot_linkage, cli
 from tools import toolkit_assembly, toolkit_check
 
 
@@ -102,8 +101,14 @@ def _pack(built: dict[str, Path], out: Path, version: str) -> None:
             tar.add(root, arcname="flashinfer-aot")
 
 
+@cli.command("tools.build_jit_modules")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = cli.Parser("tools.build_jit_modules", description=__doc__.splitlines()[0],
+                   codes={cli.VERDICT: "a module failed to build (the others are packed)",
+                          cli.INPUT: "a bad argument; CUDA_HOME without bin/nvcc; or a flashinfer-python version "
+                                     "with no JIT module table",
+                          cli.INCOMPLETE: "no flashinfer-python, no nvcc, or a toolkit that lacks what the modules "
+                                          "need (the output says what)"})
     p.add_argument("--out", type=Path, default=ROOT / ".gpu" / "jit" / "fi-aot.tgz")
     p.add_argument("--toolkit", type=Path, default=None,
                    help="where to assemble a toolkit when there is none (default ~/.cache/moe-conformance/toolkit-cuN)")
@@ -113,28 +118,31 @@ def main(argv=None) -> int:
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
     from fixtures.flashinfer import jit_modules
 
-    version = importlib.metadata.version("flashinfer-python")
+    try:
+        version = importlib.metadata.version("flashinfer-python")
+    except importlib.metadata.PackageNotFoundError:
+        raise cli.Incomplete("flashinfer-python is not installed here: nothing to build the modules of") from None
     table = jit_modules.calls(version)
     if not table:
         print(f"flashinfer-python {version}: no JIT module table (fixtures/flashinfer/jit_modules.py)")
-        return 2
+        return cli.INPUT
     given = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     nvcc = Path(given) / "bin" / "nvcc" if given else Path(shutil.which("nvcc") or "/nonexistent/nvcc")
     if not nvcc.exists():
         print(f"no nvcc: {'CUDA_HOME has no bin/nvcc' if given else 'none on the PATH and CUDA_HOME unset'}; "
               f"nvcc of the GPU host's CUDA major is needed (a toolkit's, or the nvidia-cuda-nvcc wheel's)")
-        return 2
+        return cli.INPUT if given else cli.INCOMPLETE
     try:
         _use(Path(given) if given else toolkit_assembly.top(nvcc))  # the generators ask nvcc its version
         modules = [(kernel, jit_modules.spec(call), call) for kernel, calls in table.items() for call in calls]
         if a.list:
             for kernel, spec, call in modules:
                 print(f"{kernel}: {spec.name} <- {call}")
-            return 0
+            return cli.OK
         cuda = _toolkit([spec for _, spec, _ in modules], given, nvcc, a.toolkit)
     except toolkit_assembly.AssemblyError as err:
         print(err)
-        return 2
+        return cli.INCOMPLETE
     _use(cuda)
     print(f"toolkit {cuda}; building {len(modules)} modules with MAX_JOBS={os.environ['MAX_JOBS']}", flush=True)
     built, failed = {}, []
@@ -149,7 +157,7 @@ def main(argv=None) -> int:
             failed.append(spec.name)
     _pack(built, a.out, version)
     print(f"{len(built)} modules into {a.out}" + (f"; {len(failed)} failed: {', '.join(failed)}" if failed else ""))
-    return 1 if failed else 0
+    return cli.VERDICT if failed else cli.OK
 
 
 if __name__ == "__main__":

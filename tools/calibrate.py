@@ -11,7 +11,6 @@ maxima with a margin, and the numbers are quoted in the recipe's reason and the 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import signal
@@ -20,9 +19,10 @@ import time
 
 import torch
 
+from ci import cli
 from fixtures import oracle, systematic
 from fixtures.compare import compare
-from fixtures.dist.pool import close_all
+from fixtures.scheduler import close_all
 from fixtures.geometries import MODELS, fits, layer_pool, model_layer
 from fixtures.implementation import load
 from fixtures.runner import Subject, run_scenario
@@ -55,8 +55,12 @@ def systematic_stats(found) -> dict:
     return {k: [e.value, e.se, e.clusters] for k, e in stats.items()}
 
 
+@cli.command("tools.calibrate")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="measure error distributions")
+    p = cli.Parser("tools.calibrate", description="measure error distributions",
+                   codes={cli.INPUT: "a bad argument, or an --impl that does not load",
+                          cli.NOTHING_TESTED: "nothing measured: the implementation skips at this EP size here (the "
+                                              "line says why), or it was stopped before its first batch"})
     p.add_argument("--impl", required=True)
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--batches", type=int, default=30)
@@ -64,11 +68,14 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--models", type=int, default=8, help="max experts for model geometries; 0 skips them")
     a = p.parse_args(argv)
-    impl = load(a.impl)
+    try:
+        impl = load(a.impl)
+    except (LookupError, TypeError) as err:
+        raise cli.InputError(str(err)) from None
     why = ep_skip_reason(a.impl, impl.capabilities, a.ep)
     if why:  # e.g. a JIT module that takes an hour of nvcc (F13): say so rather than start building it
         print(f"SKIPPED {a.impl} at EP{a.ep}: {why}", flush=True)
-        return 2
+        return cli.NOTHING_TESTED
     subject = Subject(a.impl, impl, a.ep)
     layers = layer_pool(impl.capabilities, a.ep)
     if a.models:
@@ -111,7 +118,7 @@ def main(argv=None) -> int:
     finally:
         close_all()
     if not rows:
-        return 1
+        return cli.NOTHING_TESTED
     keys = ("rel_l2", "row_rel_max", "row_mag_max", "band_units_max", "textbook_rel_l2")
     summary = {k: max(r.get(k, 0.0) for r in rows) for k in keys}
     summary["cosine_min"] = min(r["cosine"] for r in rows)
@@ -123,7 +130,7 @@ def main(argv=None) -> int:
     if a.json:
         with open(a.json, "w") as fh:
             json.dump({"summary": summary, "rows": rows}, fh, indent=1)
-    return 0
+    return cli.OK
 
 
 if __name__ == "__main__":

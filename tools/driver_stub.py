@@ -9,7 +9,6 @@ must define the symbols, or the linker's ``--as-needed`` drops it and the module
 """
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import shutil
@@ -17,7 +16,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ci import aot_linkage
+from ci import aot_linkage, cli
 
 DECLARATION = re.compile(r"\bCUresult\s+(?:CUDAAPI\s+)?(cu[A-Z]\w*)\s*\(")
 CUDA_ERROR_UNKNOWN = 999
@@ -55,23 +54,33 @@ def write(cuda_home: Path, out: Path, cc: str = "cc") -> int:
     return len(names)
 
 
+@cli.command("tools.driver_stub")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = cli.Parser("tools.driver_stub", description=__doc__.splitlines()[0],
+                   codes={cli.VERDICT: "the stub was written, yet exports no driver entry point",
+                          cli.INPUT: "--cuda-home names no folder",
+                          cli.INCOMPLETE: "no --cuda-home, and FlashInfer cannot name a CUDA toolkit here"})
     p.add_argument("--cuda-home", type=Path, default=None, help="default: the toolkit FlashInfer compiles with")
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args(argv)
     cuda_home = a.cuda_home
+    if cuda_home is not None and not cuda_home.is_dir():
+        raise cli.InputError(f"--cuda-home {cuda_home}: no such folder; give a CUDA toolkit's folder")
     if cuda_home is None:
-        from flashinfer.jit.cpp_ext import get_cuda_path
-        cuda_home = Path(get_cuda_path())
+        try:
+            from flashinfer.jit.cpp_ext import get_cuda_path
+            cuda_home = Path(get_cuda_path())
+        except Exception as err:  # noqa: BLE001 (no FlashInfer, or no toolkit it can find)
+            raise cli.Incomplete(f"no CUDA toolkit found through FlashInfer ({type(err).__name__}: {err}); "
+                                 "give --cuda-home") from None
     out = a.out or cuda_home / "lib64" / "stubs" / "libcuda.so"
     cc = os.environ.get("CC") or shutil.which("cc") or "gcc"
     count = write(cuda_home, out, cc)
     if not exports_driver(out):
         print(f"{out}: written, yet it exports no {PROBE}")
-        return 1
+        return cli.VERDICT
     print(f"{out}: {count} driver entry points, soname libcuda.so.1")
-    return 0
+    return cli.OK
 
 
 if __name__ == "__main__":

@@ -8,17 +8,20 @@ minutes on 16 cores. Afterwards ``bash evidence/gpu_host/gpu_validate.sh jit`` p
 """
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
+from ci import cli
 from fixtures.flashinfer.descriptors import DESCRIPTORS
 from fixtures.flashinfer.prerequisites import is_built, jit_spec
 
 
+@cli.command("tools.prebuild_jit")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--arch", default="sm90")
+    p = cli.Parser("tools.prebuild_jit", description=__doc__.splitlines()[0],
+                   codes={cli.INPUT: "an unknown --arch",
+                          cli.INCOMPLETE: "FlashInfer cannot locate its modules on this machine (no GPU or toolkit)"})
+    p.add_argument("--arch", default="sm90", choices=sorted({d.arch for d in DESCRIPTORS}))
     p.add_argument("--list", action="store_true", help="say what is needed and whether it is built; build nothing")
     a = p.parse_args(argv)
     needed = {}
@@ -31,7 +34,7 @@ def main(argv=None) -> int:
             built = is_built(name)
         except Exception as err:  # noqa: BLE001 (no GPU here, say)
             print(f"{name}: FlashInfer cannot locate it on this machine ({type(err).__name__}: {err})")
-            return 2
+            return cli.INCOMPLETE
         print(f"{name}: {'built' if built else 'not built'} (needed by {', '.join(users)})", flush=True)
         if built or a.list:
             continue
@@ -39,7 +42,7 @@ def main(argv=None) -> int:
         started = time.monotonic()
         jit_spec(name).build_and_load()
         print(f"{name}: built in {time.monotonic() - started:.0f} s with MAX_JOBS={os.environ['MAX_JOBS']}", flush=True)
-    return 0
+    return cli.OK
 
 
 if __name__ == "__main__":

@@ -9,12 +9,13 @@ selected signatures. Run it after a FlashInfer upgrade and review the diff.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import importlib.metadata as md
 import inspect
 import json
 from pathlib import Path
+
+from ci import cli
 
 SNAPSHOT_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "flashinfer"
 SIGNATURES = ("MoEEpLayer", "BootstrapConfig", "FleetParams", "MegaConfig", "MoEEpTensors",
@@ -87,18 +88,24 @@ def snapshot_path(version: str) -> Path:
     return SNAPSHOT_DIR / f"api-{version}.json"
 
 
+@cli.command("tools.snapshot_flashinfer_api")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="snapshot FlashInfer's MegaMoE API")
+    p = cli.Parser("tools.snapshot_flashinfer_api", description="snapshot FlashInfer's MegaMoE API",
+                   codes={cli.INCOMPLETE: "no importable FlashInfer with flashinfer.moe_ep here to snapshot"})
     p.add_argument("--write", action="store_true")
     a = p.parse_args(argv)
-    snap = snapshot()
+    try:
+        snap = snapshot()
+    except ImportError as err:
+        raise cli.Incomplete(f"cannot import FlashInfer's MegaMoE API here ({err}); run it where flashinfer-python "
+                             "is installed") from None
     text = json.dumps(snap, indent=1, sort_keys=True) + "\n"
     if a.write:
         snapshot_path(snap["flashinfer_version"]).write_text(text)
         print(f"wrote {snapshot_path(snap['flashinfer_version'])}")
     else:
         print(text)
-    return 0
+    return cli.OK
 
 
 if __name__ == "__main__":

@@ -9,10 +9,11 @@ validation log and for nightly jobs to collect. Prints a Markdown table.
 """
 from __future__ import annotations
 
-import argparse
 import pathlib
+import sys
 from collections import defaultdict
 
+from ci import cli
 from fixtures.results import case_records
 
 COLUMNS = ("impl", "EP", "cases", "checks", "rel-L2 max", "cosine min", "token max", "band max",
@@ -50,12 +51,25 @@ def markdown(summary: dict[tuple[str, int], dict]) -> str:
     return "\n".join(lines)
 
 
+@cli.command("tools.summarise_cases")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = cli.Parser("tools.summarise_cases", description=__doc__.splitlines()[0],
+                   codes={cli.INPUT: "a path that does not exist, or a malformed record",
+                          cli.NOTHING_TESTED: "no per-case records under the paths: nothing to summarise"})
     p.add_argument("paths", nargs="+", type=pathlib.Path, help="results dirs or cases-*.jsonl files")
     a = p.parse_args(argv)
-    print(markdown(summarise(case_records(*a.paths))))
-    return 0
+    missing = [str(path) for path in a.paths if not path.exists()]
+    if missing:
+        raise cli.InputError(f"no such file or folder: {', '.join(missing)}; give results dirs or cases-*.jsonl files")
+    try:
+        records = list(case_records(*a.paths))
+    except (ValueError, TypeError, OSError) as err:
+        raise cli.InputError(f"a malformed per-case record ({err}); give the suite's cases-*.jsonl files") from None
+    if not records:
+        print(f"no per-case records (cases-*.jsonl) in {', '.join(map(str, a.paths))}", file=sys.stderr)
+        return cli.NOTHING_TESTED
+    print(markdown(summarise(records)))
+    return cli.OK
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from pathlib import Path
 from tools import driver_stub
 
 # CUDA 13.0's releases of the four libraries, as the 13.0.88 nvcc of the CPU machine's toolkit came with: the
-# cuBLAS, NVRTC and cuRAND ones are those the modules were first built with (reference.evidence.SESSION7)
+# cuBLAS, NVRTC and cuRAND ones are those the modules were first built with (reference.evidence.AOT_BUILT_ON_CPU)
 PINS = {
     13: ("nvidia-cublas==13.0.2.14", "nvidia-cuda-nvrtc==13.0.88", "nvidia-curand==10.4.0.35",
          "nvidia-cuda-runtime==13.0.96"),

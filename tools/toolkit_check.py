@@ -5,7 +5,7 @@ The libraries are read from the modules' own ninja files, as FlashInfer's JitSpe
 (``-L$cuda_home/lib64 -L$cuda_home/lib64/stubs -lcudart -lcuda`` and each module's own, such as push_cuda's GEMM
 ``-lnvrtc``) are resolved as the linker would, in the ``-L`` folders and then the compiler's own. The headers are
 those the modules' sources include that a bare nvcc's tree lacks (ninja stopped on each in turn without them:
-reference.evidence.SESSION7).
+reference.evidence.AOT_BUILT_ON_CPU).
 """
 from __future__ import annotations
 

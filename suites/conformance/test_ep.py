@@ -9,15 +9,18 @@ import torch
 
 from fixtures.checks import check_oracle
 from fixtures.compare import compare
+from fixtures.dist.inprocess import launched_by_torchrun
 from fixtures.geometries import tile_layer, wide_layer
 from fixtures.problem import BatchCase, Scenario
+from fixtures.selection import ep_skip_reason
 from fixtures.strategies import masked_pattern
 
 pytestmark = pytest.mark.ep
 
 
 # The global output of the EP-invariance problem per implementation, from its EP1 case: the tests run grouped
-# by EP size, EP1 first (conftest.py), so every larger size compares with it without restarting EP1's pool.
+# by EP size, EP1 first (conftest.py), so every larger size compares with it without restarting EP1's pool. Under
+# torchrun, where only the launch's EP size runs, each rank computes it alone first (_ep1_alone).
 _AT_EP1: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
@@ -29,6 +32,17 @@ def _invariance_scenario(caps, ep: int) -> Scenario:
     batch = BatchCase(tokens=(total // ep,) * ep, seed=7, method="DeepSeekV3", bias_scale=1.0,
                       routed_scaling_factor=2.5, pattern=masked_pattern(caps))
     return Scenario(layer, (batch,), ep, ("ep-invariance",))
+
+
+def _ep1_alone(subject) -> tuple[torch.Tensor, torch.Tensor]:
+    """Under ``torchrun --nproc_per_node=N`` (only EP N runs): the EP1 output of the same problem, computed by each rank
+    alone, in-process on a single-rank group of its own (fixtures.dist.inprocess), held to the oracle like any EP1
+    case; its term magnitude."""
+    reason = ep_skip_reason(subject.impl, subject.caps, 1)
+    if reason:
+        pytest.skip(f"{subject.impl}: the EP1 baseline cannot run here: {reason}")
+    run = check_oracle(dataclasses.replace(subject, ep_size=1), _invariance_scenario(subject.caps, 1))
+    return torch.cat(run.outputs[0]), run.expected[0].term_mag
 
 
 @pytest.mark.ep_baseline  # its EP1 case must run in the process of its larger EP sizes (fixtures.pool_order.pool_group)
@@ -46,6 +60,8 @@ def test_same_global_problem_at_every_ep_size(subject):
     if subject.ep_size == 1:
         _AT_EP1[subject.impl] = (out, run.expected[0].term_mag)
         return
+    if subject.impl not in _AT_EP1 and launched_by_torchrun():
+        _AT_EP1[subject.impl] = _ep1_alone(subject)
     if subject.impl not in _AT_EP1:
         pytest.skip(f"{subject.impl}: EP1 of the same problem did not run earlier in this pytest process "
                     f"(select --ep 1 too; under pytest-xdist each EP size may run on another worker)")

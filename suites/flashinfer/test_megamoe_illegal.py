@@ -22,7 +22,8 @@ from fixtures.flashinfer import megamoe_modules, megamoe_probe
 
 mm = pytest.importorskip("flashinfer.megamoe", reason="the installed FlashInfer ships no flashinfer.megamoe (0.7.4 does)")
 # A fresh process: torch, FlashInfer, a one-rank group, the prebuilt module: 12.6 s on the H200 for the case FlashInfer
-# refuses; an id it does not check hangs the kernel past any bound (reference.evidence.RUN10), so the bound is short
+# refuses; an id it does not check hangs the kernel past any bound (reference.evidence.MEGAMOE_EXACT), so the bound
+# is short
 PROBE_TIMEOUT_S = 45
 CXX_FLOAT = re.compile(r"^(\d+\.\d*|\.\d+)([eE][+-]?\d+)?f$")  # what '{clamp}f' must render to
 

@@ -1,5 +1,5 @@
 """The mistakes people make with the ``python -m ci.*`` commands, run as they would run them: each gets its own exit
-code (ci/cli.py: 2 unusable input, 3 could not complete, 5 nothing tested; never 0 and never a verdict's 1) and
+code (ci/cli.py: 4 unusable input, 6 could not complete, 5 nothing tested; never 0 and never a verdict's 1) and
 one line on stderr that says what was wrong, with no traceback. The rows of issue 27's table, and their kin."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ci import nightly
+from ci import cli, nightly
 from gates.gsm8k.server import Server, ServerError, ServerSpec
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
@@ -64,43 +64,44 @@ def refusing(request):
 # (id, argv, files to write under the test's folder, exit code, what the one line on stderr says, the most seconds
 # it may take); in argv and files, {tmp} is the test's folder and {url} the refusing server
 ROWS = [
-    ("compare-missing-folder", ["ci.compare_runs", "{tmp}/nowhere", "{tmp}"], {}, 2, "incomparable", 60),
+    ("compare-missing-folder", ["ci.compare_runs", "{tmp}/nowhere", "{tmp}"], {}, cli.INPUT, "incomparable", 60),
     ("compare-malformed-record", ["ci.compare_runs", "{tmp}/a", "{tmp}/a"], {"a/cases-main.jsonl": '{"impl": \n'},
-     2, "a/cases-main.jsonl line 1 is malformed", 60),
-    ("compare-no-arguments", ["ci.compare_runs"], {}, 2, "required: old, new", 60),
-    ("gate-missing-config", ["ci.gsm8k_gate", "{tmp}/none.yaml"], {}, 2, "cannot read the config", 60),
-    ("gate-malformed-config", ["ci.gsm8k_gate", "{tmp}/g.yaml"], {"g.yaml": "model: [\n"}, 2, "not valid YAML", 60),
+     cli.INPUT, "a/cases-main.jsonl line 1 is malformed", 60),
+    ("compare-no-arguments", ["ci.compare_runs"], {}, cli.INPUT, "give OLD and NEW", 60),
+    ("gate-missing-config", ["ci.gsm8k_gate", "{tmp}/none.yaml"], {}, cli.INPUT, "cannot read the config", 60),
+    ("gate-malformed-config", ["ci.gsm8k_gate", "{tmp}/g.yaml"], {"g.yaml": "model: [\n"}, cli.INPUT, "not valid YAML", 60),
     ("gate-incomplete-config", ["ci.gsm8k_gate", "{tmp}/g.yaml"], {"g.yaml": GATE},
-     2, "'baseline' is a required property; required: model, recipe, baseline, candidate", 60),
+     cli.INPUT, "'baseline' is a required property; required: model, recipe, baseline, candidate", 60),
     ("gate-misspelt-key", ["ci.gsm8k_gate", "{tmp}/g.yaml"],
      {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}'}}") + "client: {concurency: 4}\n"},
-     2, "'concurency' was unexpected); accepted: mode,", 60),
+     cli.INPUT, "'concurency' was unexpected); accepted: mode,", 60),
     ("gate-server-both-command-and-url", ["ci.gsm8k_gate", "{tmp}/g.yaml"],
      {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}', command: 'vllm serve'}}")},
-     2, "baseline: give exactly one of command", 60),
+     cli.INPUT, "baseline: give exactly one of command", 60),
     ("gate-unknown-recipe", ["ci.gsm8k_gate", "{tmp}/g.yaml"],
-     {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}'}}").replace("vllm", "vlm")}, 2, "'vlm' is not one of", 60),
+     {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}'}}").replace("vllm", "vlm")},
+     cli.INPUT, "'vlm' is not one of", 60),
     # the default health_timeout_s: seconds, not startup_timeout_s's 1800
     ("gate-url-where-nothing-listens", ["ci.gsm8k_gate", "{tmp}/g.yaml", "--out", "{tmp}/out"],
-     {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}'}}")}, 3, "did not answer 200 within 10 s", 40),
+     {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}'}}")}, cli.INCOMPLETE, "did not answer 200 within 10 s", 40),
     ("gate-server-refuses-requests", ["ci.gsm8k_gate", "{tmp}/g.yaml", "--out", "{tmp}/out"],
-     {"g.yaml": _servers("{name: b, url: '{url}'}")}, 3, "refused a completion request: HTTP 404", 40),
+     {"g.yaml": _servers("{name: b, url: '{url}'}")}, cli.INCOMPLETE, "refused a completion request: HTTP 404", 40),
     ("repro-malformed-json", ["ci.repro", "--impl", "reference-ep", "--scenario", '{"batches": ['], {},
-     2, "--scenario is not JSON", 120),
+     cli.INPUT, "--scenario is not JSON", 120),
     ("repro-negative-tokens", ["ci.repro", "--impl", "reference-ep", "--scenario", _scenario(tokens=[-5])], {},
-     2, "batches/0/tokens/0: -5 is less than the minimum of 0", 120),
+     cli.INPUT, "batches/0/tokens/0: -5 is less than the minimum of 0", 120),
     ("repro-unknown-implementation", ["ci.repro", "--impl", "nonexistent", "--scenario", _scenario()], {},
-     2, "unknown implementation 'nonexistent'", 120),
-    ("routing-repro-malformed-json", ["ci.repro_routing", "{"], {}, 2, "the case is not JSON", 120),
-    ("backends-unknown-arch", ["ci.backends", "sm91"], {}, 2, "unknown arch sm91; known arches: sm90, sm100", 60),
+     cli.INPUT, "unknown implementation 'nonexistent'", 120),
+    ("routing-repro-malformed-json", ["ci.repro_routing", "{"], {}, cli.INPUT, "the case is not JSON", 120),
+    ("backends-unknown-arch", ["ci.backends", "sm91"], {}, cli.INPUT, "unknown arch sm91; known arches: sm90, sm100", 60),
     ("api-diff-not-a-snapshot", ["ci.api_diff", "{tmp}/a.json", "{tmp}/a.json"], {"a.json": "{}"},
-     2, "is not an API snapshot", 60),
+     cli.INPUT, "is not an API snapshot", 60),
     ("upgrade-check-no-such-environment", ["ci.upgrade_check", "0.7.4", "{tmp}/nowhere"], {},
-     2, "not a version, and no such folder; give a FlashInfer version", 60),
+     cli.INPUT, "not a version, and no such folder; give a FlashInfer version", 60),
     # one file for its pytest phase to collect: -m sm91 deselects all of any (collecting the whole suite: +7 s)
     ("nightly-that-runs-no-test", ["ci.nightly", "--arch", "sm91", "--no-latency", "--out", "{tmp}/night", "--",
                                    "suites/harness/test_bad_inputs.py"], {},
-     5, "RED: no test ran (sm91 is no arch the suite knows", 300),
+     cli.NOTHING_TESTED, "RED: no test ran (sm91 is no arch the suite knows", 300),
 ]
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ci import compare_runs
-from reference.evidence import RAW_RUN5
+from ci import cli, compare_runs
+from reference.evidence import RAW_GREEN_FLOORS_HELD
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,7 +57,7 @@ def test_two_clean_runs_with_other_seeds_are_not(runs, capsys):
 
 
 def test_folders_without_records_are_incomparable(runs, tmp_path):
-    assert compare_runs.compare(runs["clean"], tmp_path)[0] == 2
+    assert compare_runs.compare(runs["clean"], tmp_path)[0] == cli.INPUT
 
 
 def _folder(path: Path, errors: list[float]) -> Path:
@@ -133,7 +133,7 @@ def test_one_row_that_doubles_beyond_its_spread_is_a_latency_regression(tmp_path
 
 def test_two_clean_h200_latency_runs_are_no_regression():
     """Two tools.bench_latency runs, two minutes apart on one H200: rows moved by up to 1.5x."""
-    raw = ROOT / RAW_RUN5
+    raw = ROOT / RAW_GREEN_FLOORS_HELD
     first, second = raw, raw / "nightly-attempt"
     for a, b in ((first, second), (second, first)):
         slower, lines = compare_runs.latency_report(a, b)
@@ -229,7 +229,8 @@ def _findings(folder: Path, rows: list[tuple[str, bool]]) -> None:
 
 def test_a_finding_appears_only_against_a_run_that_tested_it(tmp_path):
     """Reproduced in NEW and tested without reproducing in OLD: a regression. Reproduced in NEW and never tested
-    in OLD (an older suite or a narrower run; the fifth H200 run's comparison once called F12 "appeared" so):
+    in OLD (an older suite or a narrower run; a comparison of two H200 runs once called F12 "appeared" so,
+    reference.evidence.GREEN_FLOORS_HELD):
     listed, not a regression. A finding gone from NEW vanished only where NEW tested it."""
     old, new = _folder(tmp_path / "a", [0.005] * 5), _folder(tmp_path / "b", [0.005] * 5)
     _findings(old, [("F1", False), ("F3", True)])

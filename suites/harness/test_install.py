@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = ROOT / "pyproject.toml"
 CONSTRAINTS = ROOT / "ci" / "constraints.txt"
 # What users run, which the ranges must admit: the H200's serving-like environment
-# (reference.evidence.RUN8), the newest torch here, and the FlashInfer 0.7.x line.
+# (reference.evidence.NIGHTLY_GREEN), the newest torch here, and the FlashInfer 0.7.x line.
 USERS_RUN = {"torch": ["2.11.0+cu130", "2.13.0", "2.14.1"], "numpy": ["1.26.4", "2.4.6"], "pytest": ["9.1.1"],
              "hypothesis": ["6.168.3"], "flashinfer-python": ["0.7.2.post1", "0.7.4", "0.7.9"],
              "nvshmem4py-cu13": ["0.4.1"]}
@@ -86,7 +86,9 @@ def test_the_constraints_pin_each_declared_package_inside_its_range():
     assert not wrong, f"{CONSTRAINTS} against pyproject.toml's ranges: {wrong}"
 
 
-# ci/setup.sh with a python3 whose venvs only log their calls: what it installs, in which order, at which pins.
+# ci/setup.sh with a python3 that has no torch (it answers nothing to ci/active_python.py) and whose venvs only log
+# their calls: what it installs in its .venv path, in which order, at which pins.
+SETUP_INPUTS = ("ci/setup.sh", "ci/active_python.py", "ci/cli.py", "ci/constraints.txt", "pyproject.toml")
 FAKE_PYTHON3 = """#!/bin/bash
 if [ "$1 $2" = "-m venv" ]; then
   mkdir -p "$3/bin"
@@ -100,7 +102,7 @@ fi
 def setup_sh(tmp_path):
     """ci/setup.sh in a copy of its inputs (tmp_path is its root and HOME), run with the fake python3."""
     (tmp_path / "ci").mkdir()
-    for name in ("ci/setup.sh", "ci/constraints.txt", "pyproject.toml"):
+    for name in SETUP_INPUTS:
         shutil.copy(ROOT / name, tmp_path / name)
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "python3").write_text(FAKE_PYTHON3)
@@ -108,7 +110,8 @@ def setup_sh(tmp_path):
     log = tmp_path / "setup.log"
     env = {**os.environ, "HOME": str(tmp_path), "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
            "SETUP_LOG": str(log), "MOE_OTHER_FLASHINFER": "0.7.2.post1"}
-    env.pop("MOE_VENV", None)
+    for name in ("MOE_VENV", "MOE_PYTHON", "MOE_USE_VENV"):
+        env.pop(name, None)
 
     def run() -> list[list[str]]:
         log.write_text("")

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from fixtures.checks import ConformanceFailure, check_oracle
-from fixtures.dist.pool import isolated
 from fixtures.implementation import load
 from fixtures.problem import BatchCase, LayerCase, Scenario
 from fixtures.runner import Subject
+from fixtures.scheduler import isolated
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,3 +47,27 @@ def test_readme_plugin_passes_and_a_broken_copy_fails(plugin_package):
     bad = f"{plugin_package}.swapped:factory"
     with pytest.raises(ConformanceFailure, match=r"\[oracle\].*swapped"):
         check_oracle(Subject(bad, load(bad), 1), scenario)
+
+
+def test_readme_plugin_command_runs_as_printed_from_another_repository(tmp_path):
+    """The README's command, typed in the user's own repository (outside the checkout): its relative PYTHONPATH names
+    that repository, and the plugin's conformance run passes (one test of it, to keep the CPU tier short)."""
+    import os
+    import subprocess
+
+    readme = (ROOT / "README.md").read_text()
+    code = re.findall(r"```python\n(# my_kernels/plugin.py\n.*?)```", readme, re.S)[0]
+    lines = re.findall(r"```bash\n(PYTHONPATH=\. bash <checkout>/ci/test\.sh [^\n]*)\n```", readme)
+    assert len(lines) == 1, "README.md prints the plugin's command once, to run from the user's repository"
+    repo = tmp_path / "their-repo"
+    (repo / "my_kernels").mkdir(parents=True)
+    (repo / "my_kernels" / "__init__.py").write_text("")
+    (repo / "my_kernels" / "plugin.py").write_text(code)
+    command = lines[0].replace("<checkout>", str(ROOT)) + " -k test_matches_reference -p no:cacheprovider"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "MOE_CONFORMANCE_"))}
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run(["bash", "-c", command], cwd=repo, env={**env, "MOE_WORKERS": "0"}, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "test_matches_reference[my_kernels.plugin:factory-EP1] PASSED" in done.stdout or " passed" in done.stdout
+    assert "my_kernels.plugin:factory" in done.stdout, done.stdout[-2000:]

@@ -1,6 +1,6 @@
-"""ci.report on an H200 run's committed raw records (reference.evidence.RAW_RUN3): the report names the outcome, the
-backends, the findings (F14 reproduced, F12 gone), the failures with reproductions, and draws its plots; and
-the latency benchmark's torch baseline runs on CPU and feeds the report's latency table."""
+"""ci.report on an H200 run's committed raw records (reference.evidence.RAW_FLASHINFER_074_CALIBRATION): the report
+names the outcome, the backends, the findings (F14 reproduced, F12 gone), the failures with reproductions, and draws
+its plots; and the latency benchmark's torch baseline runs on CPU and feeds the report's latency table."""
 from __future__ import annotations
 
 import gzip
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from ci import report
-from reference.evidence import RAW_RUN3
+from reference.evidence import RAW_FLASHINFER_074_CALIBRATION
 from tools import bench_latency
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
-RAW = ROOT / RAW_RUN3
+RAW = ROOT / RAW_FLASHINFER_074_CALIBRATION
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_the_report_says_what_ran_and_what_failed(folder):
 
 
 def test_a_phase_that_ran_no_test_is_a_failure_on_the_first_lines(tmp_path):
-    """The H200 nightly's first run: pytest refused its arguments (exit 4) and the report read 'no JUnit file'."""
+    """A nightly whose pytest refused its arguments (exit 4; on an H200 the report read only 'no JUnit file')."""
     (tmp_path / "env.json").write_text(json.dumps({"phases": {"all": {"exit": 4, "seconds": 1.3},
                                                              "latency": {"exit": 0, "seconds": 91.4}}}))
     report.write(tmp_path)

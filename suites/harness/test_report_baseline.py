@@ -1,7 +1,7 @@
 """ci.report against a previous run (``--baseline DIR``): ci.compare_runs' verdict heads the report and its table
 follows the matrix; ci.nightly passes its --baseline on; the report is appended to a GitHub Actions job summary;
-``--help`` lists the exit codes, and bad input is one line. The real H200 nightly (reference.evidence.RAW_RUN8) is
-the baseline; a copy with one planted failing test is the regression."""
+``--help`` lists the exit codes, and bad input is one line. The real H200 nightly
+(reference.evidence.RAW_NIGHTLY_GREEN) is the baseline; a copy with one planted failing test is the regression."""
 from __future__ import annotations
 
 import gzip
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from ci import nightly, outcomes, report
-from reference.evidence import RAW_RUN8
+from ci import cli, nightly, outcomes, report
+from reference.evidence import RAW_NIGHTLY_GREEN
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
-NIGHT = ROOT / RAW_RUN8 / "night"
+NIGHT = ROOT / RAW_NIGHTLY_GREEN / "night"
 PLANTED = "test_matches_reference[sm90_fp8_fp8_bf16_push_cuda-EP1]"
 
 
@@ -27,7 +27,7 @@ _DRAWN: dict = {}  # the case records' repr -> (the folder first drawn into, its
 
 @pytest.fixture(autouse=True)
 def _plots_drawn_once(monkeypatch):
-    """Run 8's plots (~5 s of matplotlib a report) drawn once, then copied: every report here has the same case
+    """The nightly's plots (~5 s of matplotlib a report) drawn once, then copied: every report here has the same case
     records, and what this file checks is the text around them (test_report.py checks the plots)."""
     draw = report.plots
 
@@ -50,7 +50,7 @@ def _head(md: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def regressed(tmp_path_factory) -> Path:
-    """Run 8 with one of its passing tests failed (its records kept, its report left out)."""
+    """The nightly with one of its passing tests failed (its records kept, its report left out)."""
     out = tmp_path_factory.mktemp("regressed")
     for f in NIGHT.iterdir():
         if f.is_file() and not f.name.startswith("report"):
@@ -79,7 +79,7 @@ def test_the_verdict_heads_the_report(tmp_path, regressed, monkeypatch):
 
 def test_a_missing_baseline_is_incomparable_and_the_report_says_so(tmp_path, monkeypatch):
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    assert report.main([str(NIGHT), "--baseline", str(tmp_path / "gone"), "--out", str(tmp_path / "o")]) == 2
+    assert report.main([str(NIGHT), "--baseline", str(tmp_path / "gone"), "--out", str(tmp_path / "o")]) == cli.INPUT
     head = " ".join(_head(tmp_path / "o" / "report.md"))
     assert "verdict incomparable**: incomparable: the baseline folder" in head and "does not exist" in head, head
 
@@ -112,7 +112,7 @@ def test_the_nightly_refuses_a_baseline_that_is_no_folder_before_running_anythin
     with pytest.raises(SystemExit) as stop:
         nightly.main(["--arch", "cpu", "--baseline", str(tmp_path / "gone")])
     err = capsys.readouterr().err.strip()
-    assert stop.value.code == 2 and len(err.splitlines()) == 1 and "--baseline" in err, err
+    assert stop.value.code == cli.INPUT and len(err.splitlines()) == 1 and "--baseline" in err, err
 
 
 def _run(*args) -> subprocess.CompletedProcess:
@@ -123,7 +123,7 @@ def _run(*args) -> subprocess.CompletedProcess:
 def test_help_lists_the_exit_codes():
     done = _run("--help")
     assert done.returncode == 0 and "exit codes:" in done.stdout, done.stdout
-    for code in (0, 1, 2):
+    for code in (cli.OK, cli.VERDICT, cli.INPUT):
         assert f"\n  {code}  " in done.stdout, done.stdout
 
 
@@ -133,5 +133,5 @@ def test_help_lists_the_exit_codes():
                                          "is malformed")])
 def test_bad_input_is_one_line(tmp_path, make, what):
     done = _run(make(tmp_path))
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == cli.INPUT and "Traceback" not in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and what in done.stderr, done.stderr

@@ -1,8 +1,8 @@
 """ci.report puts each error figure next to the bound its check held it to, widened for an output of few tokens
 (Tolerance.global_bounds); its plots draw that widening, so a point beyond the plain bound on a green run is seen
 within the bound for its size; exact zeros are labelled; a panel per EP size. On the real H200 nightly
-(reference.evidence.RAW_RUN8) push_cuda's 2-token output had rel-L2 0.0466 against a plain bound of 0.03, and the
-old plot drew it beyond the red line with no word on why it passed."""
+(reference.evidence.RAW_NIGHTLY_GREEN) push_cuda's 2-token output had rel-L2 0.0466 against a plain bound of 0.03,
+and the old plot drew it beyond the red line with no word on why it passed."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,11 +13,11 @@ import pytest
 
 from ci import report_bounds, report_plots
 from fixtures.results import CaseRecord, case_records, tolerance_fields
-from reference.evidence import RAW_RUN8
+from reference.evidence import RAW_NIGHTLY_GREEN
 from reference.tolerances import PUSH_FP8
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
-NIGHT = Path(__file__).resolve().parents[2] / RAW_RUN8 / "night"
+NIGHT = Path(__file__).resolve().parents[2] / RAW_NIGHTLY_GREEN / "night"
 PUSH = "sm90_fp8_fp8_bf16_push_cuda"
 BF16_PULL = "sm90_bf16_bf16_bf16_pull_cutedsl"
 

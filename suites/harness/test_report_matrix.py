@@ -1,6 +1,7 @@
 """ci.report opens with the outcome matrix (rows backends, columns EP sizes), each cell linked to its details; the
-skip reasons grouped; every failed test with its reproduction. On the real H200 nightly (reference.evidence.RAW_RUN8)
-the push kernels' EP2/4/8 cells were missing from every table: they must say why they skipped."""
+skip reasons grouped; every failed test with its reproduction. On the real H200 nightly
+(reference.evidence.RAW_NIGHTLY_GREEN) the push kernels' EP2/4/8 cells were missing from every table: they must say
+why they skipped."""
 from __future__ import annotations
 
 import gzip
@@ -10,10 +11,10 @@ import pytest
 
 from ci import outcomes, report, report_outcomes
 from ci.report_html import to_html
-from reference.evidence import RAW_RUN8
+from reference.evidence import RAW_NIGHTLY_GREEN
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
-NIGHT = Path(__file__).resolve().parents[2] / RAW_RUN8 / "night"
+NIGHT = Path(__file__).resolve().parents[2] / RAW_NIGHTLY_GREEN / "night"
 PUSHES = ("sm90_bf16_bf16_bf16_push_cake", "sm90_fp8_fp8_bf16_push_cuda")
 
 

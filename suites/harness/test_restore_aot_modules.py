@@ -44,7 +44,7 @@ def test_modules_land_where_flashinfer_looks(tmp_path):
 
 
 def test_a_module_that_would_end_the_run_is_not_installed(tmp_path):
-    """The H200's crash (reference.evidence.RUN7): a module calling the driver
+    """The H200's crash (reference.evidence.AOT_CRASH_AND_CUT_SHORT): a module calling the driver
     without libcuda.so.1 among its NEEDED libraries. It is left out, by name and with the symbol, so FlashInfer
     compiles it; the others are installed."""
     aot = tmp_path / "aot"

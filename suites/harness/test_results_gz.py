@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from fixtures import results
-from reference.evidence import RAW_RUN8
+from reference.evidence import RAW_NIGHTLY_GREEN
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
-NIGHT = Path(__file__).resolve().parents[2] / RAW_RUN8 / "night"
+NIGHT = Path(__file__).resolve().parents[2] / RAW_NIGHTLY_GREEN / "night"
 
 
 def _plain_copy(tmp_path: Path) -> Path:

@@ -1,7 +1,7 @@
 """A pytest process that dies without a summary names the test it died in: ``<results-dir>/running-<worker>.txt``
-(conftest, fixtures.results.mark_running), quoted first by the report. On an H200 (reference.evidence.RUN7) an
-AOT module's missing driver symbol ended pytest inside test_gpu_behaviour with exit 127 and no line of its own:
-the captured stderr died with the process."""
+(conftest, fixtures.results.mark_running), quoted first by the report. On an H200
+(reference.evidence.AOT_CRASH_AND_CUT_SHORT) an AOT module's missing driver symbol ended pytest inside
+test_gpu_behaviour with exit 127 and no line of its own: the captured stderr died with the process."""
 from __future__ import annotations
 
 import json
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ci import report
+from fixtures import run_folder
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +35,7 @@ def test_a_process_that_dies_in_a_test_leaves_its_name_and_the_report_quotes_it(
     done = _child(tmp_path, "-p", "die_in_call")
     assert done.returncode == 127 and "passed" not in done.stdout, done.stdout[-2000:]
     res = tmp_path / "res"
-    assert (res / "running-main.txt").read_text().splitlines()[0] == VICTIM
+    assert (run_folder.latest(res) / "running-main.txt").read_text().splitlines()[0] == VICTIM  # in its run folder
     (res / "env.json").write_text(json.dumps({"phases": {"all": {"exit": 127, "seconds": 9.0}}}))
     report.write(res)
     text = (res / "report.md").read_text()
@@ -44,4 +45,4 @@ def test_a_process_that_dies_in_a_test_leaves_its_name_and_the_report_quotes_it(
 def test_a_finished_session_leaves_no_marker(tmp_path):
     done = _child(tmp_path)
     assert done.returncode == 0, done.stdout[-2000:]
-    assert not list((tmp_path / "res").glob("running-*.txt"))
+    assert not list((tmp_path / "res").rglob("running-*.txt"))

@@ -22,7 +22,6 @@ ALLOWED_OUTSIDE = {".ci/run": re.compile(r"shared/datasets/gsm8k")}  # CI's data
 CHECKED = re.compile(r"""(["'])[^"']*shared[^"']*\1 in\b""")  # a check naming what it forbids: `"../shared" in line`
 DATE = re.compile(r"20\d\d-[01]\d-[0-3]\d")
 DATED_LINK = re.compile(r"evidence/(?:raw/)?20\d\d-[01]\d-[0-3]\d")
-MAX_DATED_LINES = 5
 _SEC = r"§D?\d+(?:\.\d+)?"
 CITATION = re.compile(rf"(?:kernels|flashinfer-kernels\.md) ({_SEC}(?: item \d+|(?:, |-){_SEC})*)")
 SECTION = re.compile(r"§(D?\d+(?:\.\d+)?)(?: item (\d+))?")
@@ -116,11 +115,22 @@ def test_nothing_outside_evidence_refers_outside_the_repository():
     assert not found, "refers outside the repository (carry the fact into docs/ instead):\n" + "\n".join(found)
 
 
-def test_python_files_hold_few_dates_and_each_in_a_link():
-    dated, bare = dated_lines(_project_files())
-    assert not bare, "a date outside a link into evidence/ (say why, link the log):\n" + "\n".join(bare)
-    assert len(dated) <= MAX_DATED_LINES, (f"{len(dated)} dated lines, at most {MAX_DATED_LINES}: name the log "
-                                           "through reference/evidence.py\n" + "\n".join(dated))
+RUN_LOG = re.compile(r"SESSION[0-9]|RUN[0-9]|session[0-9]")  # a run or log sequence number
+
+
+def run_log_lines(files: list[Path], root: Path = ROOT) -> list[str]:
+    """Lines outside evidence/ that name a run or log by its sequence number, or a date outside an evidence link."""
+    _, bare = dated_lines(files, root)
+    numbered = [f"{path.relative_to(root).as_posix()}:{n}: {line.strip()}" for path in files
+                if (text := _text(path)) is not None for n, line in enumerate(text.splitlines(), 1)
+                if RUN_LOG.search(line)]
+    return bare + numbered
+
+
+def test_no_run_log_in_the_code():
+    """Code, comments and docs state the rule and today's number; the story is in evidence/, named by what it shows."""
+    found = run_log_lines(_project_files())
+    assert not found, "a run's number or a bare date (cite the log through reference/evidence.py):\n" + "\n".join(found)
 
 
 def test_every_kernel_citation_names_a_section_of_the_kernel_doc():
@@ -168,6 +178,8 @@ def test_the_checks_see_a_reference_outside_and_a_bare_date(tmp_path):
         "mod.py:1: " + code.read_text().splitlines()[0], ".ci/run:2: cp ../shared/gpu/x ."]
     dated, bare = dated_lines([code, run], tmp_path)
     assert len(dated) == 2 and bare == ["mod.py:1: " + code.read_text().splitlines()[0]]
+    code.write_text("LOG = evidence.SESSION19  # the log\n")
+    assert run_log_lines([code], tmp_path) == ["mod.py:1: LOG = evidence.SESSION19  # the log"]
 
 
 def test_the_check_sees_a_citation_the_doc_does_not_hold(tmp_path):

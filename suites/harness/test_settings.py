@@ -28,10 +28,10 @@ INVALID = {
     "MOE_F13_TORCH_INTERLEAVE": "2", "MOE_CLEAN_EXIT": "nope", "MOE_CUTE_DSL_CACHE": "maybe",
     "MOE_GSM8K_URL": "ftp://example.org",
     "MOE_USE_VENV": "yes", "MOE_POOL_ADDR": "localhost", "MOE_POOL_AUTHKEY": "xyz", "MOE_DIST_BACKEND": "mpi",
-    "MOE_PLACEMENT": "anywhere", "MOE_PIN_WORKER_GPU": "2", "MOE_GPU_LIST": "0,a",
+    "MOE_PLACEMENT": "anywhere", "MOE_SHARD": "3/2", "MOE_PIN_WORKER_GPU": "2", "MOE_GPU_LIST": "0,a",
 }
 FREE_TEXT = {"MOE_CONFORMANCE_IMPL", "MOE_RESULTS_DIR", "MOE_GSM8K_DIR", "MOE_GSM8K_CACHE", "MOE_GSM8K_CONFIG",
-             "MOE_VENV", "MOE_JIT_CACHE", "MOE_JIT_AOT", "MOE_OTHER_FLASHINFER"}
+             "MOE_PYTHON", "MOE_VENV", "MOE_JIT_CACHE", "MOE_JIT_AOT", "MOE_OTHER_FLASHINFER"}
 
 
 def test_every_declared_variable_has_an_invalid_value_here_or_takes_any_text():
@@ -68,9 +68,13 @@ def test_an_invalid_value_stops_ci_test_sh_with_one_line():
     env = {**os.environ, "MOE_CASE_TIMEOUT": "abc"}
     done = subprocess.run(["bash", "ci/test.sh", "--collect-only", "-q"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
+    # ci/setup.sh's own line (which Python it chose, and why) comes first
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    setup = [line for line in lines if line.startswith("ci/setup.sh: ")]
+    lines = [line for line in lines if line not in setup]
     assert done.returncode != 0 and "Traceback" not in done.stdout + done.stderr, (done.returncode, lines)
     assert len(lines) == 1 and "MOE_CASE_TIMEOUT" in lines[0], lines
+    assert len(setup) <= 1, setup
 
 
 class _Config:

@@ -1,63 +1,58 @@
-"""Every Python file of the project passes pyflakes (no undefined names, unused imports or redefinitions) and is
-at most 300 lines long.
+"""The project's static checks, run by the CPU tier: ruff's lint (undefined names, unused imports, redefinitions,
+complexity) and its formatter over every Python file, and the import layers' contracts (import-linter, `.importlinter`;
+docs/architecture.md). Their configuration is pyproject.toml's ``[tool.ruff]``.
 
-Much of the suite runs only on a GPU (the SM90 behaviour, fault and routing-op tests), never in the CPU CI: a
-name left undefined by a refactor there reaches the first GPU run instead of CI (on the H200,
-test_routing_ops.py called a helper that had moved to another module, a NameError in two tests)."""
+Much of the suite runs only on a GPU (the SM90 behaviour, fault and routing-op tests), never in the CPU CI: a name
+left undefined by a refactor there would reach the first GPU run instead of CI; ruff sees it here."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("reference", "fixtures", "suites", "ci", "gates", "tools", "evidence")
+BIN = Path(sys.executable).parent
 
 
-def _sources() -> list[Path]:
-    return sorted([ROOT / "conftest.py"] + [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")])
+def _tool(name: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    exe = BIN / name
+    if not exe.exists():
+        pytest.fail(f"no {name} next to {sys.executable}: install the test extra (pip install -e '.[test]')")
+    return subprocess.run([str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
 
 
-def test_pyflakes_finds_nothing():
-    from pyflakes import api, reporter
-
-    class Collect(reporter.Reporter):
-        def __init__(self):
-            self.lines = []
-
-        def unexpectedError(self, filename, message):
-            self.lines.append(f"{filename}: {message}")
-
-        def syntaxError(self, filename, msg, lineno, offset, text):
-            self.lines.append(f"{filename}:{lineno}: syntax error: {msg}")
-
-        def flake(self, message):
-            self.lines.append(str(message))
-
-    found = Collect()
-    for path in _sources():
-        api.checkPath(str(path), found)
-    assert not found.lines, "pyflakes:\n" + "\n".join(found.lines)
+def test_ruff_lint_finds_nothing():
+    done = _tool("ruff", "check", "--no-cache", ".")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-1000:]
 
 
-MAX_LINES = 300  # small files with one job (evidence/raw holds raw results, not the product's code)
+def test_ruff_format_leaves_every_file_as_it_is():
+    done = _tool("ruff", "format", "--no-cache", "--check", ".")
+    assert done.returncode == 0, "run `ruff format .`:\n" + done.stdout[-4000:] + done.stderr[-1000:]
 
 
-def test_no_python_file_is_over_300_lines():
-    long = {str(p.relative_to(ROOT)): n for p in _sources() if p.relative_to(ROOT).parts[:2] != ("evidence", "raw")
-            and (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert not long, f"over {MAX_LINES} lines (split by job): {long}"
+def test_the_import_layers_hold():
+    done = _tool("lint-imports", "--no-cache")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-1000:]
 
 
-def test_the_check_sees_an_undefined_name(tmp_path):
-    """The check itself can fail: a module calling a name nobody defines."""
-    from pyflakes import api, reporter
-
+def test_the_checks_see_an_undefined_name_and_a_forbidden_import(tmp_path):
+    """Each check can fail: a module calling a name nobody defines; the harness importing a command."""
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    return _held_to_finding(1)\n")
-    lines = []
-    rep = reporter.Reporter(None, None)
-    rep.flake = lambda message: lines.append(str(message))
-    api.checkPath(str(bad), rep)
-    assert any("undefined name '_held_to_finding'" in line for line in lines), lines
+    done = _tool("ruff", "check", "--no-cache", "--config", str(ROOT / "pyproject.toml"), str(bad))
+    assert done.returncode == 1 and "F821" in done.stdout, done.stdout
+    tree = tmp_path / "tree"
+    for name in ("reference", "fixtures", "ci", "tools", "gates"):
+        (tree / name).mkdir(parents=True)
+        (tree / name / "__init__.py").write_text("")
+    (tree / "fixtures" / "compare.py").write_text("def f():\n    from ci import cli\n")
+    (tree / ".importlinter").write_text((ROOT / ".importlinter").read_text())
+    done = subprocess.run([str(BIN / "lint-imports"), "--no-cache"], cwd=tree, capture_output=True, text=True,
+                          timeout=120, env={"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONPATH": str(tree)})
+    assert done.returncode == 1 and "the harness imports none of the commands built on it BROKEN" in done.stdout, (
+        done.stdout[-3000:])

@@ -12,10 +12,10 @@ from xml.etree import ElementTree
 
 import pytest
 
-from ci import budget_growth, compare_runs, time_budget
+from ci import budget_growth, cli, compare_runs, time_budget
 from ci.time_budget import PARTS, compiles
 from fixtures.results import records
-from reference.evidence import RAW_RUN8, RAW_RUN9
+from reference.evidence import RAW_NIGHTLY_GREEN, RAW_RESTRUCTURE_UNCHANGED
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +27,7 @@ def _adds_up(b: time_budget.Budget) -> None:
     assert b.busy + b.outside == pytest.approx(b.wall)
 
 
-@pytest.mark.parametrize("folder", [RAW_RUN9, RAW_RUN8 + "/night"])
+@pytest.mark.parametrize("folder", [RAW_RESTRUCTURE_UNCHANGED, RAW_NIGHTLY_GREEN + "/night"])
 def test_the_committed_h200_runs_add_up_to_their_junit_times(folder):
     root = ElementTree.fromstring(gzip.decompress((ROOT / folder / "junit.xml.gz").read_bytes()))
     b = time_budget.budget(ROOT / folder)
@@ -208,15 +208,15 @@ def test_compare_runs_warns_of_a_grown_budget_and_stays_green(tmp_path, capsys):
 
 
 def test_two_clean_h200_runs_warn_of_nothing_in_either_order():
-    run8, run9 = ROOT / RAW_RUN8 / "night", ROOT / RAW_RUN9
-    assert budget_growth.growth(run8, run9) == [] and budget_growth.growth(run9, run8) == []
+    nightly, restructured = ROOT / RAW_NIGHTLY_GREEN / "night", ROOT / RAW_RESTRUCTURE_UNCHANGED
+    assert budget_growth.growth(nightly, restructured) == [] and budget_growth.growth(restructured, nightly) == []
 
 
 @pytest.mark.parametrize("files, code, says", [
-    (None, 2, "does not exist; give a results folder"),
-    ({}, 5, "no test times"),
-    ({"tests-main.jsonl": '{"time": 1, "impl": \n'}, 2, "holds a malformed record or JUnit file"),
-    ({"tests-main.jsonl": '{"time": 1}\n'}, 2, "holds a malformed record or JUnit file"),
+    (None, cli.INPUT, "does not exist; give a results folder"),
+    ({}, cli.NOTHING_TESTED, "no test times"),
+    ({"tests-main.jsonl": '{"time": 1, "impl": \n'}, cli.INPUT, "holds a malformed record or JUnit file"),
+    ({"tests-main.jsonl": '{"time": 1}\n'}, cli.INPUT, "holds a malformed record or JUnit file"),
 ])
 def test_an_unusable_folder_gets_one_line_and_its_exit_code(tmp_path, files, code, says):
     folder = tmp_path / "run"
@@ -231,7 +231,7 @@ def test_an_unusable_folder_gets_one_line_and_its_exit_code(tmp_path, files, cod
 
 
 def test_markdown_table_for_the_report():
-    table = time_budget.markdown_table(ROOT / RAW_RUN9).splitlines()
+    table = time_budget.markdown_table(ROOT / RAW_RESTRUCTURE_UNCHANGED).splitlines()
     assert table[0].startswith("| implementation | EP | tests | pool start |") and table[-1].startswith("session: ")
     assert any(line.startswith("| all tests |") for line in table)
 

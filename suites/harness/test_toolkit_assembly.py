@@ -1,6 +1,6 @@
 """tools/toolkit_check.py and tools/toolkit_assembly.py on CPU, with fake toolkit trees and fake wheels in tmp_path (no
 network, no nvcc): the check names each piece a toolkit lacks (libnvrtc.so too: the push_cuda GEMM failed to link on
-``cannot find -lnvrtc`` when the check did not look for it, reference.evidence.SESSION7), and the
+``cannot find -lnvrtc`` when the check did not look for it, reference.evidence.AOT_BUILT_ON_CPU), and the
 builder assembles a toolkit of its own from a bare nvcc's tree and the wheels."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 from fixtures.flashinfer import jit_modules
 from fixtures.flashinfer.descriptors import installed_version
+from ci import cli
 from fixtures.shared_objects import CC, FAKE_CUDA_H, compile_so
 from tools import driver_stub, toolkit_assembly, toolkit_check
 
@@ -174,7 +175,7 @@ def test_the_builder_assembles_from_a_bare_nvcc_and_checks_what_the_modules_link
     bare = _tree(tmp_path / "nvcc", libraries=("libcudart.so",))
     folder = _wheels(tmp_path / "tk", nvrtc=False)
     done = _builder(tmp_path, bare, folder)
-    assert done.returncode == 2 and not (tmp_path / "x.tgz").exists(), done.stdout + done.stderr
+    assert done.returncode == cli.INCOMPLETE and not (tmp_path / "x.tgz").exists(), done.stdout + done.stderr
     assert f"CUDA_HOME={bare} lacks:" in done.stdout and f"{bare}/include/nvrtc.h: from" in done.stdout, done.stdout
     said = done.stdout.split(f"the assembled toolkit {folder / 'cuda'} lacks:")[-1].strip().splitlines()
     assert len(said) == 1 and said[0].startswith("libnvrtc.so (-lnvrtc, linked by sm90_push_fp8_moe_gemm_"), said

@@ -1,5 +1,9 @@
-"""The same tests also run as `torchrun --nproc_per_node=N -m pytest ...`, for CI systems that launch so:
-green for reference-ep, red for a faulty copy."""
+"""torchrun as the launcher (fixtures.torchrun, fixtures.dist.inprocess): ``torchrun --nproc_per_node=2 -m pytest``
+on the CPU, with reference-ep and two faulty implementations, in a results folder of the test's own.
+
+One launch (``launch``) runs the EP-invariance test for the three and the probes of suites/harness/torchrun_probe.py;
+a second, with ``MOE_COLLECTIVE_TIMEOUT=3``, leaves rank 1 asleep in a forward. Each launch is bounded (300 s).
+"""
 from __future__ import annotations
 
 import os
@@ -9,26 +13,121 @@ from pathlib import Path
 
 import pytest
 
+from ci import time_budget
+from fixtures import results
+from fixtures.backends.reference_ep import REFERENCE_EP_CAPS
+from fixtures.dist import inprocess
+from fixtures.runner import Subject
+from fixtures.implementation import load
+
 pytestmark = [pytest.mark.harness, pytest.mark.cpu, pytest.mark.ep]
 ROOT = Path(__file__).resolve().parents[2]
+PROBE = "suites/harness/torchrun_probe.py"
+INVARIANCE = "suites/conformance/test_ep.py::test_same_global_problem_at_every_ep_size"
+SCALED = "torchrun_probe:ep_dependent_scale"  # wrong only in how EP1 and EP2 differ (torchrun_probe.py)
 
 
-def _torchrun_pytest(impl: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MOE_POOL_", "TORCHELASTIC", "PYTEST_"))}
-    env["PYTHONPATH"] = str(ROOT)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "pytest",
-           "suites/conformance/test_generic.py", "-q", "-p", "no:cacheprovider", "-k", "smaller or pattern",
-           "--impl", impl, "--ep", "2"]
+def _torchrun_pytest(args: list[str], out: Path, **env_extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MOE_POOL_", "TORCHELASTIC", "PYTEST_", "MOE_CONFORMANCE_", "MOE_RESULTS_DIR"))}
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "suites" / "harness")]), MOE_WORKERS="0",
+               TORCHRUN_PROBE_DIR=str(out), **env_extra)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--tee", "3",
+           "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "--ep", "2", *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_torchrun_launched_pytest_passes_reference_ep():
-    result = _torchrun_pytest("reference-ep")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert result.stdout.count(" passed") == 2  # one summary line per rank
+def _rank_lines(result: subprocess.CompletedProcess, rank: int) -> str:
+    return "\n".join(line.split(":", 1)[1] for line in result.stdout.splitlines() if line.startswith(f"[default{rank}]:"))
 
 
-def test_torchrun_launched_pytest_fails_a_faulty_copy():
-    result = _torchrun_pytest("faulty:rank_zeroed")
+@pytest.fixture(scope="module")
+def launch(tmp_path_factory):
+    out = tmp_path_factory.mktemp("torchrun")
+    result = _torchrun_pytest([PROBE, INVARIANCE,
+                               "--impl", "reference-ep", "--impl", "faulty:rank_zeroed", "--impl", SCALED,
+                               "--results-dir", str(out / "results"), "--junitxml", str(out / "results" / "junit.xml")],
+                              out)
+    return result, out
+
+
+def test_results_are_written_once_by_rank_0(launch):
+    result, out = launch
+    tests = [r["test"] for r in results.records(out / "results", "tests")]
+    assert tests and len(tests) == len(set(tests)), result.stdout[-3000:]
+    # rank 0's tests: 3 implementations x 3 subject tests, and the test without a subject
+    assert len(tests) == 10, tests
+    budget = time_budget.budget(out / "results")
+    assert sum(row["tests"] for row in budget.rows.values()) == 10
+    assert len(results.junit_outcomes(out / "results")) == 10
+
+
+def test_tests_without_a_subject_run_on_rank_0_alone(launch):
+    result, out = launch
+    assert (out / "ran-on-rank-0").exists(), result.stdout[-3000:]
+    assert not (out / "ran-on-rank-1").exists()
+    assert "1 deselected" in _rank_lines(result, 1).splitlines()[-1]  # the test without a subject
+    assert "deselected" not in _rank_lines(result, 0).splitlines()[-1]
+
+
+def test_the_process_group_is_the_subjects(launch):
+    result, out = launch
+    assert [(out / f"backend-rank-{r}").read_text() for r in (0, 1)] == ["gloo", "gloo"], result.stdout[-3000:]
+
+
+def test_ep_invariance_is_compared_with_ep1_on_each_rank(launch):
+    """Passed for reference-ep; the oracle fails faulty:rank_zeroed at EP2; only the comparison with EP1 fails the
+    implementation that is within tolerance of the oracle at EP1 and at EP2, but not of itself."""
+    result, out = launch
+    outcomes = results.junit_outcomes(out / "results")
+    assert outcomes[f"{INVARIANCE}[reference-ep-EP2]"] == "passed", result.stdout[-3000:]
+    assert outcomes[f"{INVARIANCE}[faulty:rank_zeroed-EP2]"] == "failed"
+    assert outcomes[f"{INVARIANCE}[{SCALED}-EP2]"] == "failed"
+    for rank in (0, 1):  # each rank compared
+        lines = _rank_lines(result, rank)
+        assert "[oracle] faulty:rank_zeroed at EP2" in lines
+        assert f"[ep-invariance] {SCALED}: EP2 differs from EP1 on the same global problem" in lines
+        assert f"[oracle] {SCALED}" not in lines
+
+
+def test_a_stuck_rank_is_named_by_rank_case_and_phase(tmp_path):
+    result = _torchrun_pytest([PROBE, "-k", "stuck", "--impl", "reference-ep"], tmp_path,
+                              MOE_COLLECTIVE_TIMEOUT="3", TORCHRUN_PROBE_HANG="1")
     assert result.returncode != 0
-    assert "[oracle] faulty:rank_zeroed at EP2" in result.stdout
+    assert ("RankFailure: case reference-ep/EP2/" in result.stdout
+            and "no answer from rank 1 (last phase: batch 0 forward" in result.stdout), result.stdout[-3000:]
+
+
+def test_the_backend_is_the_subjects_own():
+    from fixtures.flashinfer import adapter, megamoe_adapter
+    from fixtures.flashinfer.descriptors import DESCRIPTORS
+    from fixtures.flashinfer.megamoe_paths import PATHS
+
+    assert inprocess.subject_backend(REFERENCE_EP_CAPS) == "gloo"
+    assert inprocess.subject_backend(megamoe_adapter.capabilities(PATHS[0])) == "nccl"
+    moe_ep = adapter.capabilities(next(d for d in DESCRIPTORS if d.ranks_share_device))
+    assert moe_ep.dist_backend is None  # it bootstraps its own: the group it would start
+    assert inprocess.subject_backend(moe_ep, (("MEGA_SINGLE_GPU_GLOO", "1"),)) == "gloo"
+    assert inprocess.subject_backend(moe_ep) == "nccl"
+    assert inprocess.group_backend([("gloo", "cpu")]) == "gloo"
+    assert inprocess.group_backend([("nccl", "cuda")]) == "nccl"
+    assert inprocess.group_backend([("gloo", "cpu"), ("nccl", "cuda")]) == "cpu:gloo,cuda:nccl"
+    with pytest.raises(ValueError, match="launch them with torchrun separately"):
+        inprocess.group_backend([("gloo", "cuda"), ("nccl", "cuda")])
+
+
+def test_a_launch_plans_its_subjects_backend(monkeypatch):
+    from fixtures.flashinfer import megamoe_adapter
+    from fixtures.flashinfer.megamoe_paths import PATHS
+    from fixtures.implementation import Implementation
+
+    monkeypatch.setattr(inprocess, "_STATE", {**inprocess._STATE})
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "t")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.delenv("MOE_POOL_ADDR", raising=False)
+    mega = Implementation(PATHS[0].name, megamoe_adapter.capabilities(PATHS[0]), build=None)
+    inprocess.plan([Subject(PATHS[0].name, mega, 2)])
+    assert (inprocess._STATE["backend"], inprocess._STATE["device"]) == ("nccl", 1)  # its GPU: LOCAL_RANK's
+    inprocess.plan([Subject("reference-ep", load("reference-ep"), 2), Subject(PATHS[0].name, mega, 4)])
+    assert inprocess._STATE["backend"] == "gloo"  # EP4 is no case of a 2-rank launch

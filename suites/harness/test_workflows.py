@@ -131,6 +131,30 @@ def test_the_cpu_job_check_sees_a_broken_job(old, new, problem):
     assert any(problem in p for p in cpu_job_problems(text.replace(old, new, 1)))
 
 
+def version_matrix_problems(text: str) -> list[str]:
+    """The CPU tier runs at CI's pins and at the newest releases, the newest in an environment ci/setup.sh takes
+    as a user's (MOE_PYTHON), built without the constraints and with torch's CPU build."""
+    job = yaml.safe_load(text)["jobs"]["test"]
+    problems = []
+    if job.get("strategy", {}).get("matrix", {}).get("versions") != ["pins", "newest"]:
+        problems.append("no matrix of pins and newest versions")
+    newest = [s for s in job["steps"] if s.get("if") == "matrix.versions == 'newest'"]
+    run = newest[0].get("run", "") if newest else ""
+    if "MOE_PYTHON=" not in run or "GITHUB_ENV" not in run:
+        problems.append("the newest versions' environment is not the one ci/setup.sh uses")
+    if "constraints" in run or "download.pytorch.org/whl/cpu" not in run:
+        problems.append("the newest versions are pinned, or torch is not the CPU build")
+    return problems
+
+
+def test_the_cpu_tier_runs_at_the_pins_and_at_the_newest_versions():
+    text = CPU.read_text()
+    assert not version_matrix_problems(text)
+    assert version_matrix_problems(text.replace("versions: [pins, newest]", "versions: [pins]"))
+    assert version_matrix_problems(text.replace('echo "MOE_PYTHON=', 'echo "OTHER_PYTHON='))
+    assert version_matrix_problems(text.replace(" --index-url https://download.pytorch.org/whl/cpu", ""))
+
+
 def test_the_cpu_summary_is_pytests_closing_line(tmp_path):
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "pytest.log").write_text("...\n===== 3 passed, 1 skipped in 2.50s =====\n")
@@ -188,8 +212,10 @@ def test_the_environments_are_cached_and_marked_current_on_a_hit(workflow, tmp_p
     for old, new in [(LOCK_KEY, "hashFiles('pyproject.toml')"), ("if: always() && steps.venv", "if: steps.venv"),
                      ("key: ${{ steps.venv.outputs.cache-primary-key }}", "key: venv")]:
         assert old in text and cache_problems(text.replace(old, new), envs), old
-    step = step_running(text, ".moe-installed")
-    assert step["if"] == "steps.venv.outputs.cache-hit == 'true'" and '/.moe-installed"' in setup
+    markers = [s for s in steps(text) if ".moe-installed" in s.get("run", "")]  # the nightly: its shard and merge jobs
+    assert markers and all(s["if"] == "steps.venv.outputs.cache-hit == 'true'" for s in markers)
+    assert '/.moe-installed"' in setup
+    step = markers[0]
     (tmp_path / ".venv").mkdir()
     (tmp_path / ".venv-fi-0.7.2.post1").mkdir()  # built without its marker: ci/setup.sh must still rebuild it
     marker = tmp_path / ".venv" / ".moe-installed"
@@ -242,13 +268,31 @@ def test_the_nightly_finds_the_previous_night_or_says_why_not(tmp_path, listed, 
     assert (listed.isdigit()) == (f"gh run download {listed} --name nightly-{listed} " in calls), calls
 
 
-@pytest.mark.parametrize("baseline", ["", "results/previous"], ids=["no-baseline", "baseline"])
-def test_the_nightly_passes_the_baseline_to_ci_nightly(tmp_path, baseline):
+def test_each_shard_job_runs_ci_nightly_on_its_shard(tmp_path):
     stand_in(tmp_path / "bin", "python3", f'echo "$*" > {tmp_path}/argv\n')
+    workflow = yaml.safe_load(NIGHTLY.read_text())
+    job = workflow["jobs"]["shard"]
+    shards = job["strategy"]["matrix"]["shard"]
+    assert shards == list(range(1, len(shards) + 1)) and int(job["env"]["SHARDS"]) == len(shards)
     step = step_running(NIGHTLY.read_text(), "ci.nightly")
-    done, _ = run_step(step, tmp_path, tmp_path, {"BASELINE": baseline, "NEW": "results/nightly-1"})
+    done, _ = run_step(step, tmp_path, tmp_path, {"SHARD": "2", "SHARDS": "2", "NEW": "results/nightly-1-shard-2"})
     assert done.returncode == 0, done.stderr
-    want = "-m ci.nightly --out results/nightly-1" + (f" --baseline {baseline}" if baseline else "")
+    assert (tmp_path / "argv").read_text().strip() == "-m ci.nightly --out results/nightly-1-shard-2 -- --shard 2/2"
+
+
+@pytest.mark.parametrize("baseline", ["", "results/previous"], ids=["no-baseline", "baseline"])
+def test_the_merge_job_reports_every_shard_against_the_baseline(tmp_path, baseline):
+    """The merge job's ci.report gets every downloaded shard's folder, --out the night's folder, and the baseline."""
+    (tmp_path / "ci").mkdir()
+    (tmp_path / "ci" / "setup.sh").write_text(f"echo {tmp_path}/bin/py\n")
+    stand_in(tmp_path / "bin", "py", f'echo "$*" > {tmp_path}/argv\n')
+    for k in (1, 2):
+        (tmp_path / "results" / "shards" / f"nightly-7-shard-{k}").mkdir(parents=True)
+    step = step_running(NIGHTLY.read_text(), "ci.report")
+    done, _ = run_step(step, tmp_path, tmp_path, {"BASELINE": baseline, "NEW": "results/nightly-7"})
+    assert done.returncode == 0, done.stderr
+    want = ("-m ci.report results/shards/nightly-7-shard-1/ results/shards/nightly-7-shard-2/ --out results/nightly-7"
+            + (f" --baseline {baseline}" if baseline else ""))
     assert (tmp_path / "argv").read_text().strip() == want
 
 
@@ -261,10 +305,18 @@ def test_ci_nightly_takes_the_options_the_workflow_passes():
 
 def test_the_nightly_runs_each_night_and_keeps_its_folder_under_the_name_it_downloads():
     text = NIGHTLY.read_text()
-    assert yaml.safe_load(text)[True]["schedule"]  # YAML 1.1 reads the key `on` as true
-    upload = next(s for s in steps(text) if s.get("uses", "").startswith("actions/upload-artifact@"))
-    assert upload["if"] == "always()" and upload["with"]["path"] == "${{ env.NEW }}"
-    assert upload["with"]["name"] == "nightly-${{ github.run_id }}" and '--name "nightly-$run_id"' in text
+    workflow = yaml.safe_load(text)
+    assert workflow[True]["schedule"]  # YAML 1.1 reads the key `on` as true
+    jobs = workflow["jobs"]
+
+    def upload(job):
+        return next(s for s in jobs[job]["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
+    shard, merged = upload("shard"), upload("merge")
+    assert shard["if"] == merged["if"] == "always()" and shard["with"]["path"] == merged["with"]["path"] == "${{ env.NEW }}"
+    assert shard["with"]["name"] == "nightly-${{ github.run_id }}-shard-${{ matrix.shard }}"
+    download = next(s for s in jobs["merge"]["steps"] if s.get("uses", "").startswith("actions/download-artifact@"))
+    assert download["with"]["pattern"] == "nightly-${{ github.run_id }}-shard-*" and jobs["merge"]["needs"] == "shard"
+    assert merged["with"]["name"] == "nightly-${{ github.run_id }}" and '--name "nightly-$run_id"' in text
 
 
 def test_compare_runs_is_a_step_whose_exit_status_counts():

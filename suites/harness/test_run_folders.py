@@ -1,0 +1,150 @@
+"""Runs never mix (fixtures.run_folder): each session writes into a run folder of its own, the workers of one session
+share it, summary.json follows its schema and counts as pytest does, and shards merged (ci.runs) read as the run
+that was not sharded."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ci import cli, compare_runs, report
+from fixtures import run_folder
+
+pytestmark = [pytest.mark.harness, pytest.mark.cpu]
+ROOT = Path(__file__).resolve().parents[2]
+# one test of each outcome pytest counts: 2 passed, 1 failed, 1 skipped, 1 xfailed, 1 xpassed, 1 error (setup)
+OUTCOMES = '''import pytest
+def test_a(): pass
+def test_b(): pass
+def test_c(): assert False
+def test_d(): pytest.skip("no")
+@pytest.mark.xfail(reason="known")
+def test_e(): assert False
+@pytest.mark.xfail(reason="gone")
+def test_f(): pass
+@pytest.fixture
+def broken(): raise RuntimeError("setup")
+def test_g(broken): pass
+'''
+WANT = {"passed": 2, "failed": 1, "skipped": 1, "xfailed": 1, "xpassed": 1, "error": 1}
+
+
+def _pytest(results: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MOE_HYPOTHESIS_PROFILE": "ci", "MOE_HYPOTHESIS_EXAMPLES": "1"}
+    return subprocess.run([sys.executable, "-m", "pytest", "-c", str(ROOT / "pytest.ini"), "--rootdir", str(ROOT),
+                           "-p", "no:cacheprovider", "-q", "--results-dir", str(results), *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _closing_counts(stdout: str) -> dict[str, int]:
+    line = [line for line in stdout.splitlines() if " in " in line and re.search(r"\d+ (passed|failed)", line)][-1]
+    found = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|xfailed|xpassed|errors?)", line)}
+    return {("error" if k.startswith("error") else k): n for k, n in found.items()}
+
+
+@pytest.fixture(scope="module")
+def outcomes_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("outcomes") / "test_outcomes_all.py"
+    path.write_text(OUTCOMES)
+    return path
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "2"]], ids=["one-process", "xdist"])
+def test_summary_validates_and_counts_as_pytest_does(tmp_path, outcomes_file, workers):
+    done = _pytest(tmp_path, *workers, str(outcomes_file))
+    assert done.returncode == 1, done.stdout[-3000:]
+    (folder,) = run_folder.runs(tmp_path)
+    summary = run_folder.read_summary(folder / run_folder.SUMMARY)  # raises unless it follows the schema
+    assert _closing_counts(done.stdout) == WANT, done.stdout[-500:]
+    assert {k: n for k, n in summary["counts"].items() if n} == WANT
+    cells = summary["matrix"]["-"]["-"]
+    assert cells == WANT and summary["exit_status"] == 1 and summary["shard"] is None
+    assert len(summary["tests"]) == 7 and summary["versions"]["pytest"] and summary["versions"]["torch"]
+
+
+def test_a_summary_off_its_schema_is_refused(tmp_path, outcomes_file):
+    _pytest(tmp_path, str(outcomes_file))
+    (folder,) = run_folder.runs(tmp_path)
+    path = folder / run_folder.SUMMARY
+    data = json.loads(path.read_text())
+    for broken in ({**data, "counts": {**data["counts"], "passed": -1}}, {k: v for k, v in data.items() if k != "shard"},
+                   {**data, "matrix": {"x": {"EP0": {"passed": 1}}}}):
+        path.write_text(json.dumps(broken))
+        with pytest.raises(run_folder.SummaryError):
+            run_folder.read_summary(path)
+
+
+SETTINGS = "suites/harness/test_settings.py"  # cheap tests in the checkout: conftest.py writes their records
+
+
+def test_two_sessions_write_two_run_folders_that_never_mix(tmp_path):
+    for name in ("MOE_CASE_TIMEOUT", "MOE_JIT_TIMEOUT"):
+        assert _pytest(tmp_path, SETTINGS, "-k", f"unset_or_empty and {name}").returncode == 0
+    first, second = run_folder.runs(tmp_path)
+    assert (tmp_path / run_folder.LATEST).read_text().strip() == second.name == run_folder.latest(tmp_path).name
+    for folder, name in ((first, "MOE_CASE_TIMEOUT"), (second, "MOE_JIT_TIMEOUT")):
+        tests = run_folder.read_summary(folder / run_folder.SUMMARY)["tests"]
+        assert [t.split("[")[1] for t in tests] == [f"{name}]"]
+        recorded = {json.loads(line)["test"].split("[")[-1] for f in folder.glob("tests-*.jsonl")
+                    for line in f.read_text().splitlines()}
+        assert recorded == {f"{name}]"}, (folder, recorded)
+    assert not list(tmp_path.glob("*.jsonl"))  # nothing written beside the run folders
+
+
+def test_the_workers_of_one_session_share_its_run_folder(tmp_path):
+    done = _pytest(tmp_path, "-n", "2", SETTINGS, "-k", "unset_or_empty")
+    assert done.returncode == 0, done.stdout[-3000:]
+    (folder,) = run_folder.runs(tmp_path)
+    assert {f.name for f in folder.glob("tests-*.jsonl")} == {"tests-gw0.jsonl", "tests-gw1.jsonl"}
+    summary = run_folder.read_summary(folder / run_folder.SUMMARY)
+    assert summary["counts"]["passed"] == _closing_counts(done.stdout)["passed"] == len(summary["tests"]) > 2
+
+
+def _section(text: str, heading: str) -> str:
+    return text.split(heading, 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    """The same tests (subject tests of reference-ep at EP1 and EP2, tests of two modules) unsharded and as 2 shards."""
+    base = tmp_path_factory.mktemp("sharded")
+    target = ["suites/conformance/test_generic.py", "-k", "test_matches_reference or test_check",
+              "suites/harness/test_outcomes.py", "--impl", "reference-ep", "--ep", "1,2"]
+    folders = {}
+    for name, extra in (("whole", []), ("s1", ["--shard", "1/2"]), ("s2", ["--shard", "2/2"])):
+        folders[name] = base / name
+        done = _pytest(folders[name], *target, *extra, "--junitxml", str(folders[name] / "junit.xml"))
+        assert done.returncode == 0, done.stdout[-3000:]
+    return folders
+
+
+def test_the_merged_report_of_two_shards_is_the_unsharded_runs(sharded, tmp_path):
+    assert report.main([str(sharded["whole"]), "--out", str(tmp_path / "whole")]) == 0
+    assert report.main([str(sharded["s1"]), str(sharded["s2"]), "--out", str(tmp_path / "merged")]) == 0
+    whole, merged = ((tmp_path / n / "report.md").read_text() for n in ("whole", "merged"))
+    for heading in ("## Outcome per backend and EP size", "## Skip reasons"):
+        assert _section(merged, heading) == _section(whole, heading), heading
+    (one,) = [s for _, s in run_folder.summaries(sharded["whole"])]
+    total = json.loads((tmp_path / "merged" / "merged-summary.json").read_text())
+    assert total["counts"] == one["counts"] and total["matrix"] == one["matrix"] and total["tests"] == one["tests"]
+    assert {"EP1", "EP2"} <= set(one["matrix"]["reference-ep"]) and total["shards"] == [{"k": 1, "n": 2}, {"k": 2, "n": 2}]
+    assert compare_runs.main(["--old", str(sharded["s1"]), "--old", str(sharded["s2"]), str(sharded["whole"])]) == 0
+
+
+def test_a_test_in_two_shards_is_an_input_error(sharded, tmp_path, capsys):
+    twin = tmp_path / "twin"
+    shutil.copytree(sharded["s1"], twin)
+    (summary,) = twin.rglob(run_folder.SUMMARY)
+    data = json.loads(summary.read_text())
+    summary.write_text(json.dumps({**data, "run": data["run"] + "-twin", "shard": {"k": 2, "n": 2}}))
+    assert report.main([str(sharded["s1"]), str(twin), "--out", str(tmp_path / "out")]) == cli.INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "ran in shard 1/2" in err[0] and "a test belongs to one shard" in err[0], err
+    assert compare_runs.main(["--old", str(sharded["s1"]), "--old", str(twin), str(sharded["whole"])]) == cli.INPUT
+    assert report.main([str(sharded["s1"]), str(sharded["s2"])]) == cli.INPUT  # several folders need --out
