@@ -19,13 +19,9 @@ import pytest
 import torch
 from hypothesis import settings
 
-from fixtures import arch, cuda_health, draw_keys, host_threads, results, time_spent
-from fixtures import settings as moe_settings
+from fixtures import arch, cuda_health, draw_keys, host_threads, results, spread, time_spent
 from fixtures.dist.inprocess import launched_by_torchrun
-from fixtures.dist import pool as rank_pools
-from fixtures.dist.pool import close_all
-from fixtures.pool_order import (POOL_GROUPS, gpu_host_group, pool_order, pool_subject, upcoming_by_group,
-                                 upcoming_subjects, worker_order)
+from fixtures.pool_order import pool_subject
 from fixtures.selection import deselect_other_implementations, ep_skip_reason, selected_ep_sizes, selected_impls
 
 # The hypothesis profile is loaded by fixtures.options (fixtures.profiles), before this module is imported.
@@ -38,6 +34,12 @@ def pytest_configure(config):
 
 
 def pytest_report_header(config):
+    # The torch and FlashInfer under test: version, the folder each is loaded from (a source build shows its
+    # checkout) and how it was installed (fixtures.environment_report; FlashInfer is located, not imported).
+    import sys
+
+    from fixtures import environment_report
+
     try:
         import importlib.metadata as md
         fi = md.version("flashinfer-python")
@@ -48,8 +50,9 @@ def pytest_report_header(config):
         f"moe-conformance: impls={selected_impls(config)} ep={selected_ep_sizes(config)} "
         f"hypothesis-profile={settings.get_current_profile_name()}",
         f"torch {torch.__version__} (cuda {torch.version.cuda}, {arch.describe()}), flashinfer-python {fi}, "
-        f"python {platform.python_version()}, this process's CPU threads {torch.get_num_threads()} "
-        f"of {os.cpu_count()} cores (fixtures.host_threads)",
+        f"python {platform.python_version()} ({sys.executable}), this process's CPU threads "
+        f"{torch.get_num_threads()} of {os.cpu_count()} cores (fixtures.host_threads)",
+        *environment_report.lines(),
         f"env: {env or '{}'}",
     ] + _interleave_line()
 
@@ -67,29 +70,11 @@ def _interleave_line() -> list[str]:
     return [interleave.describe(), cute_dsl_cache.describe()]
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks added here
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    # Every test of one rank pool (EP size and kernel tree: FlashInfer's SM90 pull kernels share one) together,
-    # EP1 first: the pool and its compiled kernels stay warm instead of restarting whenever the next test names
-    # another backend, and larger EP sizes compare with EP1's results. Under ``-n N --dist loadgroup`` (ci/test.sh
-    # without a GPU, or MOE_WORKERS=N: ci/workers.py) each implementation's tests, EP1 first, and each module of
-    # other tests (module-scoped GPU layers), run on one worker.
-    # On a GPU host the rank-pool tests stay in that order in two groups, EP1 and the larger EP sizes, each on one
-    # worker (one group where model layers run at a larger EP size), and the other tests go to another
-    # (gpu_host_group).
+    # --impl's tests only, and the arch markers' skips. The order and the xdist groups are the scheduler's
+    # (fixtures.scheduling_plugin).
     deselect_other_implementations(config, items)
-    # (not where the nightly pins one worker to each GPU: there each pool's tests go to the worker of its GPU)
-    grouped = (getattr(config, "workerinput", {}).get("moe_dist") == "loadgroup" and rank_pools.gpu_host()
-               and not moe_settings.PIN_WORKER_GPU.get())
-    if "PYTEST_XDIST_WORKER" in os.environ and not grouped:
-        items.sort(key=worker_order)
-    else:
-        items.sort(key=pool_order)
-    if grouped:
-        rank_pools.pools_grouped()
-    for item in items:
-        group = gpu_host_group(item) if grouped else worker_order(item)[0] or item.module.__name__
-        item.add_marker(pytest.mark.xdist_group(group))
     for item in items:
         for tag in arch.ARCH_MARKERS:
             if item.get_closest_marker(tag):
@@ -105,12 +90,6 @@ def pytest_runtest_call(item):
     yield
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node):
-    """pytest-xdist, in the controller: tell each worker how the run is spread (a worker's own ``--dist`` is "no")."""
-    node.workerinput["moe_dist"] = node.config.getoption("dist")
-
-
 @pytest.fixture(autouse=True)
 def _cuda_context_health(request):
     """After a CUDA fault in this process, in-process GPU tests skip naming it (subject tests keep running:
@@ -122,22 +101,6 @@ def _cuda_context_health(request):
     yield
     if gpu:
         cuda_health.check(request.node.nodeid)
-
-
-def pytest_collection_finish(session):
-    """Tell the rank pools the order they will be used in, so each one's successor starts while it runs, and the
-    layers each builds then (fixtures.dist.warmup); the first starts now where it has layers to build."""
-    from fixtures.dist import pool, warmup
-    from fixtures.runner import Subject
-
-    subjects = [Subject(*subject) for subject in upcoming_subjects(session.items)]
-    once = list({(s.impl, s.ep_size): s for s in subjects}.values())
-    by_group = {group: [Subject(*s).pool_key for s in found]
-                for group, found in upcoming_by_group(session.items).items()} if pool.grouped() else None
-    # in a grouped run a worker's upcoming pools are its group's, from its first test of one (pool.owns_the_pools)
-    pool.set_upcoming([] if by_group is not None else (s.pool_key for s in subjects), warmup.warm_cases(once), by_group)
-    if not session.config.option.collectonly:
-        pool.start_first()
 
 
 _SESSION_STARTED: list[float] = []  # this session's start (epoch), in its own process (not a pytest-xdist worker)
@@ -152,15 +115,13 @@ def pytest_sessionstart(session):
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Each test's wall time and its parts (fixtures.time_spent), grouped as its rank pool, for ci.time_budget."""
-    group = draw_keys.group_suffix(item)[1:]
-    if rank_pools.grouped() and group in POOL_GROUPS:
-        rank_pools.owns_the_pools(group)  # this worker runs these rank-pool tests: it starts their pools ahead
+    group = spread.group_of(item)
     time_spent.take()
     started, own = time.monotonic(), time_spent.cute_dsl_counts()  # this process's compiles (in-process GPU tests)
     yield
     time_spent.count_cute_dsl({k: n - own.get(k, 0) for k, n in time_spent.cute_dsl_counts().items()})
     spec, _, ep = pool_subject(item) or ("", None, 0)
-    time_spent.finish(item.nodeid, spec, ep, time.monotonic() - started)
+    time_spent.finish(item.nodeid, spec, ep, time.monotonic() - started, group)
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -185,8 +146,7 @@ def pytest_runtest_logstart(nodeid, location):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    results.mark_running(None)
-    close_all()
+    results.mark_running(None)  # (the rank pools close in fixtures.scheduling_plugin)
 
 
 def subject_params(config) -> list:

@@ -1,5 +1,11 @@
-"""A plugin for the harness tests' child runs (``-p suites.harness.fake_gpu_host``): this host counts as a GPU host to
-the rank pools and to conftest.py's grouping of the tests over pytest-xdist workers (fixtures.dist.pool.gpu_host)."""
-from fixtures.dist import pool
+"""A plugin for the harness tests' child runs (``-p suites.harness.fake_gpu_host``): the scheduler of each pytest process
+sees a GPU host (fixtures.scheduler.Host.gpu), which groups the tests over pytest-xdist workers as on one and keeps
+its rank pools as there (fixtures.scheduling_plugin.HOST_OVERRIDES)."""
+import pytest
 
-pool.gpu_host = lambda: True
+from fixtures.scheduling_plugin import HOST_OVERRIDES
+
+
+@pytest.hookimpl(tryfirst=True)  # before the scheduling plugin builds the Host (trylast)
+def pytest_configure(config):
+    config.stash[HOST_OVERRIDES] = {"gpu": True}

@@ -76,8 +76,8 @@ def test_tile_and_wide_differ_in_shape_for_cpu_subjects():
 @pytest.mark.parametrize("ep", [1, 2, 4, 8])
 def test_exact_cases_run_on_a_pool_shape(spec, ep):
     """test_exact draws among the pooled layers whose clamp an exact case keeps (fixtures.exact_check.exact_pool),
-    so its case is a pool shape: no kernel compile of its own (H200 run 11: 14-35 s a test with the exact clamp of
-    its own, 2-4 s on a built shape). Only an implementation that cannot run unclamped brings the exact clamp, on
+    so its case is a pool shape: no kernel compile of its own (on the H200 14-35 s a test with the exact clamp of
+    its own, 2-4 s on a built shape: reference.evidence.EXACT_EVERY_BACKEND). Only an implementation that cannot run unclamped brings the exact clamp, on
     a pool layer's shape (its modules are prebuilt with it: fixtures/flashinfer/megamoe_modules.py)."""
     assert not CHECKS["exact"].own_test, "test_exact (suites/conformance/test_generic.py) runs the exact check"
     impl = load(spec)

@@ -8,10 +8,11 @@ import time
 import pytest
 
 from fixtures.checks import check_oracle
-from fixtures.dist.pool import PoolKey, RankFailure, get_pool
+from fixtures.dist.pool import PoolKey, RankFailure
 from fixtures.implementation import load
 from fixtures.problem import BatchCase, LayerCase, Scenario
 from fixtures.runner import Subject, run_scenario
+from fixtures.scheduler import get_pool
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu, pytest.mark.ep]
 

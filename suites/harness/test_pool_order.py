@@ -101,3 +101,75 @@ def test_a_wrapped_or_configured_spec_keeps_its_backends_gpu_tests(given):
                              hook=SimpleNamespace(pytest_deselected=lambda items: None))
     deselect_other_implementations(config, items)
     assert [i.label for i in items] == ["A faults"]
+
+
+class _Collected(_Item):
+    """A collected test as the scheduler reads and marks it."""
+
+    def __init__(self, label, params, marks=()):
+        super().__init__(label, params, marks)
+        self.module, self.group = SimpleNamespace(__name__=f"suites.test_{label.split()[0]}"), None
+
+    def add_marker(self, mark):
+        self.group = mark.args[0]
+
+    def get_closest_marker(self, name):
+        if name == "xdist_group":
+            return pytest.mark.xdist_group(self.group).mark if self.group else None
+        return super().get_closest_marker(name)
+
+
+def _collected() -> list[_Collected]:
+    return [_Collected("reference EP2", _subject("reference-ep", 2)), _Collected("faulty EP1", _subject("faulty:rank_zeroed", 1)),
+            _Collected("other no pool", {}), _Collected("reference EP1", _subject("reference-ep", 1)),
+            _Collected("faulty EP2", _subject("faulty:rank_zeroed", 2)),
+            _Collected("skipped EP4", _subject("reference-ep", 4), ["skip"])]
+
+
+def _keys(items) -> list:
+    from fixtures.runner import Subject
+
+    return list(dict.fromkeys(Subject(*s).pool_key for s in root.upcoming_subjects(items)))
+
+
+@pytest.mark.parametrize("host, sort, grouped", [
+    (dict(cores=2), root.pool_order, False),  # one process: each pool's tests together, EP1 first
+    (dict(cores=16, gpu=True), root.pool_order, False),
+    (dict(cores=2, worker="gw0", workers=2, loadgroup=True), root.worker_order, False),  # the CPU tier's workers
+    (dict(cores=16, gpu=True, worker="gw0", workers=3, loadgroup=True), root.pool_order, True),  # a GPU host's workers
+    (dict(cores=16, gpu=True, worker="gw0", workers=3, loadgroup=True, pinned=True), root.worker_order, False),
+    (dict(cores=16, gpu=True, worker="gw0", workers=3), root.worker_order, False),  # --dist load: not grouped
+])
+def test_the_scheduler_orders_groups_and_plans_the_pools_by_host(monkeypatch, host, sort, grouped):
+    """The order and xdist groups of the collected tests and the upcoming pools: a GPU host's workers under --dist
+    loadgroup (not pinned to a GPU each) group the rank-pool tests in EP1 and larger EP sizes, each worker's upcoming
+    pools its group's from its first test of it; elsewhere each implementation (or module) is a group and the upcoming
+    pools are every test's in order, none of a test marked skip."""
+    from fixtures.scheduler import Host, Scheduler
+
+    for name in ("MOE_MODEL_EP", "MOE_POOL_PREFETCH"):
+        monkeypatch.delenv(name, raising=False)
+    items, scheduler = _collected(), Scheduler(Host(**host))
+    assert scheduler.grouped == grouped
+    scheduler.order(items)
+    assert [i.label for i in items] == [i.label for i in sorted(_collected(), key=sort)]
+    groups = {i.label: i.group for i in items}
+    if grouped:
+        assert groups == {"reference EP2": root.LARGER_EP_GROUP, "faulty EP2": root.LARGER_EP_GROUP,
+                          "faulty EP1": root.EP1_GROUP, "reference EP1": root.EP1_GROUP,
+                          "skipped EP4": root.LARGER_EP_GROUP, "other no pool": root.OTHER_GROUP}
+    else:
+        assert groups == {i.label: root.worker_order(i)[0] or i.module.__name__ for i in items}
+        assert groups["other no pool"] == "suites.test_other" and groups["faulty EP1"] == "faulty:rank_zeroed"
+    scheduler.plan(items)
+    if not grouped:
+        assert scheduler.upcoming == _keys(items) and not scheduler.by_group
+        return
+    ep1 = [i for i in items if i.group == root.EP1_GROUP]
+    larger = [i for i in items if i.group == root.LARGER_EP_GROUP]
+    assert scheduler.upcoming == [] and scheduler.by_group == {root.EP1_GROUP: _keys(ep1),
+                                                               root.LARGER_EP_GROUP: _keys(larger)}
+    scheduler.entering(items[0])  # a test without a pool: nothing changes
+    assert scheduler.owned is None and scheduler.upcoming == [] and not scheduler.prefetch_enabled()
+    scheduler.entering(ep1[0])
+    assert scheduler.owned == root.EP1_GROUP and scheduler.upcoming == _keys(ep1) and scheduler.prefetch_enabled()

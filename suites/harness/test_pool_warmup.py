@@ -9,12 +9,13 @@ import pytest
 
 from fixtures import results
 from fixtures.checks import check_oracle
-from fixtures.dist import pool, warmup
+from fixtures.dist import warmup
 from fixtures.geometries import layer_pool
 from fixtures.implementation import load
 from fixtures.problem import BatchCase, LayerCase, Scenario
 from fixtures.results import records
 from fixtures.runner import Subject, run_scenario
+from fixtures.scheduler import current
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu, pytest.mark.ep]
 
@@ -58,13 +59,14 @@ def test_a_rank_that_closes_a_model_layer_gives_its_cached_gpu_memory_back(monke
 
 @pytest.fixture
 def ahead(monkeypatch, tmp_path):
-    """Pools start ahead and every subject warms; records go to ``tmp_path``."""
+    """A scheduler of the test's own (the session's host) whose pools start ahead, every subject warming; records go
+    to ``tmp_path``."""
     monkeypatch.setenv("MOE_POOL_PREFETCH", "1")
     monkeypatch.setenv("MOE_POOL_WARMUP", "1")
     kept = results._DIR
     results.configure(str(tmp_path))
-    with pool.isolated():
-        yield tmp_path
+    with current().isolated().installed() as own:
+        yield own
     results.configure(str(kept) if kept else None)
 
 
@@ -88,101 +90,104 @@ def test_warm_cases_are_each_gpu_subjects_pool_layers_once_with_their_own_weight
     assert cpu.pool_key in warmup.warm_cases([cpu])
 
 
-def test_a_pool_started_ahead_builds_its_layers_before_its_first_case(ahead):
+def test_a_pool_started_ahead_builds_its_layers_before_its_first_case(ahead, tmp_path):
     s1, s2 = _subject(1), _subject(2)
-    pool.set_upcoming([s1.pool_key, s2.pool_key], warmup.warm_cases([s1, s2]))
-    pool.start_first()
-    assert s1.pool_key in pool._POOLS, "the first pool with layers to build starts at once"
+    ahead.set_upcoming([s1.pool_key, s2.pool_key], warmup.warm_cases([s1, s2]))
+    ahead.start_first()
+    assert s1.pool_key in ahead.pools, "the first pool with layers to build starts at once"
     check_oracle(s1, _case(1))
-    assert s2.pool_key in pool._POOLS  # started ahead while EP1 ran
+    assert s2.pool_key in ahead.pools  # started ahead while EP1 ran
     own = layer_pool(s2.caps, 2)[-1]  # a test's layer of a warm shape (the last: a CPU rank keeps one layer)
     run = run_scenario(s2, Scenario(own, (BatchCase(tokens=(4, 4), seed=1),), 2))
-    (ep1, ep2) = sorted(_warmups(ahead), key=lambda w: w["world_size"])
+    (ep1, ep2) = sorted(_warmups(tmp_path), key=lambda w: w["world_size"])
     for w, subject in ((ep1, s1), (ep2, s2)):
         assert w["ok"] and w["why"] == "", w
         assert w["cases"] == len(layer_pool(subject.caps, subject.ep_size)) == w["layers_built"] == 2, w
-    assert all(r.warming == 0 for r in pool._POOLS[s2.pool_key].ranks.values())
+    assert all(r.warming == 0 for r in ahead.pools[s2.pool_key].ranks.values())
     assert run.layers_built == 1 and run.layer_calls_before == 0, "the test's own layer has no warm batch in its history"
 
 
-def test_a_warm_up_that_raises_is_given_up_and_the_case_runs(ahead, capfd):
+def test_a_warm_up_that_raises_is_given_up_and_the_case_runs(ahead, tmp_path, capfd):
     s1 = _subject(2)
     bad = {"id": "warm-up/no-such/EP2/0", "impl": "no-such-implementation", "scenario": _case(2).to_json()}
-    pool.set_upcoming([s1.pool_key], {s1.pool_key: (bad,)})
-    pool.start_first()
+    ahead.set_upcoming([s1.pool_key], {s1.pool_key: (bad,)})
+    ahead.start_first()
     check_oracle(s1, _case(2))  # passes on the restarted pool
-    (w,) = _warmups(ahead)
+    (w,) = _warmups(tmp_path)
     assert not w["ok"] and "raised during phase" in w["why"] and "no-such-implementation" in w["why"], w
     assert "its warm-up was given up" in capfd.readouterr().err
-    assert pool._POOLS[s1.pool_key].restarts == 1
+    assert ahead.pools[s1.pool_key].restarts == 1
 
 
-def test_a_warm_batch_off_the_oracle_is_given_up_so_a_test_sees_the_first_call(ahead, capfd):
+def test_a_warm_batch_off_the_oracle_is_given_up_so_a_test_sees_the_first_call(ahead, tmp_path, capfd):
     faulty = _subject(2, "faulty:rank_zeroed")  # its last rank returns zeros: the warm batch is off at rank 1
-    pool.set_upcoming([faulty.pool_key], warmup.warm_cases([faulty]))
-    pool.start_first()
+    ahead.set_upcoming([faulty.pool_key], warmup.warm_cases([faulty]))
+    ahead.start_first()
     run = run_scenario(faulty, _case(2))
-    (w,) = _warmups(ahead)
+    (w,) = _warmups(tmp_path)
     assert not w["ok"] and "off the oracle at rank 1" in w["why"] and "faulty:rank_zeroed" in w["why"], w
-    assert pool._POOLS[faulty.pool_key].restarts == 1 and run.layer_calls_before == 0
+    assert ahead.pools[faulty.pool_key].restarts == 1 and run.layer_calls_before == 0
     assert "its warm-up was given up" in capfd.readouterr().err
 
 
-def test_a_warm_batch_that_cannot_be_checked_is_given_up_not_failed(ahead, monkeypatch):
+def test_a_warm_batch_that_cannot_be_checked_is_given_up_not_failed(ahead, tmp_path, monkeypatch):
     s2 = _subject(2)
 
     def broken(pool, answers):
         raise RuntimeError("no oracle here")
 
     monkeypatch.setattr(warmup, "_off_the_oracle", broken)
-    pool.set_upcoming([s2.pool_key], warmup.warm_cases([s2]))
-    pool.start_first()
+    ahead.set_upcoming([s2.pool_key], warmup.warm_cases([s2]))
+    ahead.start_first()
     check_oracle(s2, _case(2))  # the case at hand passes, on a cold pool
-    (w,) = _warmups(ahead)
+    (w,) = _warmups(tmp_path)
     assert not w["ok"] and "could not be held to the oracle (RuntimeError: no oracle here)" in w["why"], w
 
 
-def test_a_tests_own_pools_leave_the_sessions_alone(ahead):
+def test_a_tests_own_pools_leave_the_sessions_alone(ahead, tmp_path):
+    """``ahead`` stands for the session's scheduler: a test's own, installed inside it, starts its pools afresh, and
+    the outer one's pools (alive, their warm-ups going on) and upcoming list come back after it."""
     s1, s2 = _subject(1), _subject(2)
-    pool.set_upcoming([s1.pool_key], warmup.warm_cases([s1]))
-    pool.start_first()
-    session = pool._POOLS[s1.pool_key]
-    with pool.isolated():
+    ahead.set_upcoming([s1.pool_key], warmup.warm_cases([s1]))
+    ahead.start_first()
+    session = ahead.pools[s1.pool_key]
+    with ahead.isolated().installed() as own:
         check_oracle(s2, _case(2))
-        assert list(pool._POOLS) == [s2.pool_key] and pool._UPCOMING == []
-        inside = pool._POOLS[s2.pool_key]
-    assert list(pool._POOLS) == [s1.pool_key] and pool._POOLS[s1.pool_key] is session
-    assert pool._UPCOMING == [s1.pool_key] and pool._WARM
+        assert list(own.pools) == [s2.pool_key] and own.upcoming == []
+        inside = own.pools[s2.pool_key]
+    assert current() is ahead
+    assert list(ahead.pools) == [s1.pool_key] and ahead.pools[s1.pool_key] is session
+    assert ahead.upcoming == [s1.pool_key] and ahead.warm
     assert inside.proc.poll() is not None, "the pools started inside are closed"
     check_oracle(s1, _case(1))  # the session's pool, started ahead, still warms and runs
-    assert _warmups(ahead)[0]["ok"]
+    assert _warmups(tmp_path)[0]["ok"]
 
 
-def test_a_hung_warm_up_is_bounded_named_and_killed(ahead, monkeypatch, capfd):
+def test_a_hung_warm_up_is_bounded_named_and_killed(ahead, tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("MOE_JIT_TIMEOUT", str(HUNG_BOUND_S))
     s2 = _subject(2)
     (tile, *_) = warmup.warm_cases([s2])[s2.pool_key]
     hung = {**tile, "inject": {"rank": 1, "phase": "build", "action": "sleep", "seconds": 3600}}
-    pool.set_upcoming([s2.pool_key], {s2.pool_key: (hung,)})
-    pool.start_first()
-    warming = pool._POOLS[s2.pool_key]
+    ahead.set_upcoming([s2.pool_key], {s2.pool_key: (hung,)})
+    ahead.start_first()
+    warming = ahead.pools[s2.pool_key]
     started = time.monotonic()
     check_oracle(s2, _case(2))
     assert time.monotonic() - started < HUNG_BOUND_S + 60
-    (w,) = _warmups(ahead)
+    (w,) = _warmups(tmp_path)
     assert not w["ok"] and "rank 1 (last phase: build)" in w["why"] and f"{HUNG_BOUND_S}s" in w["why"], w
     assert warming.restarts == 1 and "its warm-up was given up" in capfd.readouterr().err
 
 
 def test_nothing_starts_at_collection_without_layers_to_build_or_without_prefetch(monkeypatch):
     s1 = _subject(1)
-    with pool.isolated():
+    with current().isolated().installed() as own:
         monkeypatch.setenv("MOE_POOL_PREFETCH", "1")
-        pool.set_upcoming([s1.pool_key], {})
-        pool.start_first()
-        assert s1.pool_key not in pool._POOLS, "no warm-up: the first pool starts with its first case, as before"
+        own.set_upcoming([s1.pool_key], {})
+        own.start_first()
+        assert s1.pool_key not in own.pools, "no warm-up: the first pool starts with its first case, as before"
         monkeypatch.setenv("MOE_POOL_PREFETCH", "0")
-        pool.set_upcoming([s1.pool_key], {s1.pool_key: ({"id": "x", "impl": "reference-ep",
-                                                          "scenario": _case(1).to_json()},)})
-        pool.start_first()
-        assert s1.pool_key not in pool._POOLS
+        own.set_upcoming([s1.pool_key], {s1.pool_key: ({"id": "x", "impl": "reference-ep",
+                                                         "scenario": _case(1).to_json()},)})
+        own.start_first()
+        assert s1.pool_key not in own.pools

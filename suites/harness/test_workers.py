@@ -1,6 +1,6 @@
 """ci/workers.py: how many pytest-xdist workers ci/test.sh uses. By default (auto) one per core up to 2 without a
 GPU, three on a GPU host (EP1 pools, larger EP sizes' pools, the rest), one process in a run that a worker's test
-starts; MOE_WORKERS=N asks for N. An invalid value is one line. In a worker, rank pools follow fixtures.dist.pool's
+starts; MOE_WORKERS=N asks for N. An invalid value is one line. In a worker, rank pools follow fixtures.scheduler's
 rules for a shared host."""
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ci import workers
-from fixtures.dist import pool
+from ci import cli
+from fixtures import spread
+from fixtures.scheduler import Host, Scheduler
 from fixtures.pool_order import ALL_POOLS_GROUP, EP1_GROUP, LARGER_EP_GROUP, pool_group
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
     (4, True, 0),     # too few cores to start pools ahead: one process
 ])
 def test_auto_spreads_a_cpu_machine_and_a_gpu_hosts_pool_groups(cores, gpu, expected):
-    assert workers.sized(cores, gpu) == expected
+    assert spread.sized(cores, gpu) == expected
 
 
 def _outside_any_test(**extra) -> dict:
@@ -52,12 +53,12 @@ def test_the_setting_wins_and_an_invalid_one_is_one_line():
     done = _run("5")
     assert (done.returncode, done.stdout) == (0, "5\n"), done
     done = _run("-1")
-    assert done.returncode == 2 and not done.stdout and "Traceback" not in done.stderr, done
+    assert done.returncode == cli.INPUT and not done.stdout and "Traceback" not in done.stderr, done
     assert done.stderr.count("\n") == 1 and "MOE_WORKERS='-1': expected auto, or an integer >= 0" in done.stderr
 
 
 def test_auto_by_default_decides_by_this_host():
-    want = str(workers.sized(workers.usable_cores(), workers.has_gpu()))
+    want = str(spread.sized(spread.usable_cores(), spread.has_gpu()))
     assert _run(None).stdout == _run("auto").stdout == want + "\n"
 
 
@@ -70,43 +71,66 @@ def test_a_run_that_a_test_starts_is_one_process(value, inherited):
     assert (done.returncode, done.stdout) == (0, "0\n"), done
 
 
+def _header(stdout: str) -> list[str]:
+    """The session header's lines that say how the suite runs (fixtures.options, conftest.py)."""
+    return [line for line in stdout.splitlines() if line.startswith("moe-conformance")]
+
+
 @pytest.mark.skipif(not importlib.util.find_spec("xdist"), reason="pytest-xdist is not installed here")
-@pytest.mark.parametrize("setting, args", [(None, ()), ("2", ("-s",)), ("2", ("--pdb",)), ("2", ("-p", "no:xdist"))])
-def test_ci_test_sh_spreads_unless_the_arguments_need_one_process(setting, args):
-    """ci/test.sh's wiring: by default it spreads a run as ci.workers says, and -s (a worker's output goes nowhere),
-    --pdb (xdist refuses it) and xdist turned off keep it in one process even where MOE_WORKERS asks for two."""
+@pytest.mark.parametrize("setting, args, plain_too", [(None, (), True), ("2", ("-s",), False), ("2", ("--pdb",), False),
+                                                      ("2", ("-p", "no:xdist"), False)])
+def test_both_commands_spread_unless_the_arguments_need_one_process(setting, args, plain_too):
+    """The suite's plugin spreads a run as fixtures.spread says, for ``bash ci/test.sh`` and a plain ``python -m
+    pytest`` alike, with the same session header (layout, multicast-off environment, hypothesis profile); -s (a
+    worker's output goes nowhere), --pdb (xdist refuses it) and xdist turned off keep one process even where
+    MOE_WORKERS asks for two."""
     env = _outside_any_test(**({"MOE_WORKERS": setting} if setting else {}))
+    for name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS", "MOE_HYPOTHESIS_PROFILE",
+                 "CI"):
+        env.pop(name, None)
     # a real run of one quick test: under --co xdist starts no worker
-    done = subprocess.run(["bash", "ci/test.sh", "suites/harness/test_host_threads.py", "-k", "override",
-                           "-p", "no:cacheprovider", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    spread = not args and workers.sized(workers.usable_cores(), workers.has_gpu()) > 0
-    assert ("created: " in done.stdout) == spread, done.stdout[-2000:]  # xdist: "created: 2/2 workers"
+    quick = ["suites/harness/test_host_threads.py", "-k", "override", "-p", "no:cacheprovider", *args]
+    commands = [["bash", "ci/test.sh", *quick]] + ([[sys.executable, "-m", "pytest", *quick]] if plain_too else [])
+    runs = [subprocess.run(line, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300) for line in commands]
+    spreads = not args and spread.sized(spread.usable_cores(), spread.has_gpu()) > 0
+    for done in runs:
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert ("created: " in done.stdout) == spreads, done.stdout[-2000:]  # xdist: "created: 2/2 workers"
+        layout = _header(done.stdout)[0]
+        assert "hypothesis profile ci" in layout and "NCCL_NVLS_ENABLE=0," in layout, layout
+    if plain_too:
+        assert _header(runs[0].stdout) == _header(runs[1].stdout)
 
 
-@pytest.mark.parametrize("worker_count, grouped, cores, gpu, prefetch, pools", [
-    (None, (False, None), 16, True, True, 1),  # one process on a GPU host: the next pools start ahead, no old one stays
-    (None, (False, None), 2, False, False, 2),  # the CPU tier in one process
-    ("3", (True, EP1_GROUP), 16, True, True, 1),  # ci/test.sh on an H200: the worker of a group of rank-pool tests
-    ("3", (True, None), 16, True, False, 1),  # ... and the other worker: none ahead (a harness test's pool is its own)
-    ("3", (False, None), 16, True, False, 1),   # rank-pool tests spread over workers on one H200: one pool each, none ahead
-    ("1", (False, None), 16, True, False, 1),
-    ("2", (False, None), 2, False, False, 2),   # the CPU tier's workers: two pools each (one restarted a pool per test of test_history)
+def test_the_suite_sets_multicast_off_unless_the_user_did(monkeypatch):
+    environ = {"NCCL_NVLS_ENABLE": "1", "PYTHONPATH": "/elsewhere"}
+    assert spread.environment_defaults(environ) == {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    assert environ["NCCL_NVLS_ENABLE"] == "1", "a user's own value wins"
+    assert environ["PYTHONPATH"] == f"/elsewhere:{ROOT}", "workers and ranks import the suite from any folder"
+
+
+@pytest.mark.parametrize("workers, loadgroup, owned, cores, gpu, prefetch, pools", [
+    (None, False, None, 16, True, True, 1),  # one process on a GPU host: the next pools start ahead, no old one stays
+    (None, False, None, 2, False, False, 2),  # the CPU tier in one process
+    (3, True, EP1_GROUP, 16, True, True, 1),  # ci/test.sh on an H200: the worker of a group of rank-pool tests
+    (3, True, None, 16, True, False, 1),  # ... and the other worker: none ahead (a harness test's pool is its own)
+    (3, False, None, 16, True, False, 1),   # rank-pool tests spread over workers on one H200: one pool each, none ahead
+    (1, False, None, 16, True, False, 1),
+    (3, True, None, 16, False, False, 2),   # --dist loadgroup without a GPU: not grouped, a pool of each worker's
+    (2, False, None, 2, False, False, 2),   # the CPU tier's workers: two pools each (one restarted a pool per test of test_history)
 ])
-def test_pools_per_worker_and_ahead_by_host(monkeypatch, worker_count, grouped, cores, gpu, prefetch, pools):
-    for name in ("MOE_POOL_PREFETCH", "MOE_MAX_POOLS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):
+def test_pools_per_worker_and_ahead_by_host(monkeypatch, workers, loadgroup, owned, cores, gpu, prefetch, pools):
+    for name in ("MOE_POOL_PREFETCH", "MOE_MAX_POOLS"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(pool, "_GROUPED", list(grouped))
-    if worker_count:
-        monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
-        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", worker_count)
-    monkeypatch.setattr(os, "cpu_count", lambda: cores)
-    monkeypatch.setattr(pool, "gpu_host", lambda: gpu)
-    assert (pool.prefetch_enabled(), pool.max_pools()) == (prefetch, pools)
+    host = Host(cores=cores, gpu=gpu, worker="gw0" if workers else None, workers=workers or 1, loadgroup=loadgroup)
+    scheduler = Scheduler(host)
+    assert scheduler.grouped == (loadgroup and gpu)
+    if owned:
+        scheduler.owns(owned)
+    assert (scheduler.prefetch_enabled(), scheduler.max_pools()) == (prefetch, pools)
     monkeypatch.setenv("MOE_MAX_POOLS", "3")
     monkeypatch.setenv("MOE_POOL_PREFETCH", "0")
-    assert (pool.prefetch_enabled(), pool.max_pools()) == (False, 3)
+    assert (scheduler.prefetch_enabled(), scheduler.max_pools()) == (False, 3)
 
 
 @pytest.mark.parametrize("pinned", [False, True])
@@ -129,9 +153,9 @@ def test_on_a_gpu_host_ep1_pools_larger_ep_sizes_and_the_rest_run_on_three_worke
     done = subprocess.run(line, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     by_worker = {}
-    for r in records(tmp_path, "tests"):  # pytest-xdist names each test's group after an "@"
-        name = r["test"].rpartition("@")[0].split("::")[1].split("[")[0]
-        by_worker.setdefault(r["worker"], []).append((name, r["ep"], r["test"].rpartition("@")[2]))
+    for r in records(tmp_path, "tests"):  # each test's record names its group (pytest 9.2 keeps it out of node ids)
+        name = r["test"].split("::")[1].split("[")[0].split("@")[0]
+        by_worker.setdefault(r["worker"], []).append((name, r["ep"], r["group"]))
     same, idle = "test_same_global_problem_at_every_ep_size", "test_ranks_go_idle_independently"
     if pinned:
         want = [[("test_renormalize_by_hand", 0, "test_routing")],
