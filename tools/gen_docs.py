@@ -5,21 +5,26 @@
 
 * ``docs/backends.md``: the FlashInfer backends, from ``fixtures/flashinfer/descriptors.py``;
 * ``docs/findings.md``: the findings, from ``fixtures/findings.py``;
+* ``docs/bug-ledger.md``: the bug ledger, from ``fixtures/bug_ledger.py``;
 * the table of user settings between ``<!-- settings:begin -->`` and ``<!-- settings:end -->`` in ``README.md``,
   and ``docs/settings.md`` (every setting), from ``fixtures/settings.py``;
 * the resolution table between ``<!-- resolution:begin -->`` and ``<!-- resolution:end -->`` in
-  ``docs/tolerances.md``, from each SM90 implementation's tolerance.
+  ``docs/tolerances.md``, from each SM90 implementation's tolerance;
+* the exit-code table between ``<!-- exit-codes:begin -->`` and ``<!-- exit-codes:end -->`` in ``docs/running.md``,
+  from ``ci.cli.EXIT_CODES``.
 """
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from pathlib import Path
 
+from ci import cli
+
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- settings:begin -->", "<!-- settings:end -->"
 RESOLUTION = ("<!-- resolution:begin -->", "<!-- resolution:end -->")
+EXIT_CODES = ("<!-- exit-codes:begin -->", "<!-- exit-codes:end -->")
 EVIDENCE_PATH = re.compile(r"(?<![\w/.\[(])(evidence/[\w./-]*[\w/])")
 KERNELS_PAGE = "flashinfer-kernels.md"  # docs/: the FlashInfer facts the code cites as "kernels §N"
 KERNELS_SECTION = re.compile(r"kernels §(D?\d+(?:\.\d+)*)")
@@ -199,6 +204,56 @@ def render_findings() -> str:
     return "\n".join(out) + "\n"
 
 
+def render_bug_ledger() -> str:
+    from fixtures import bug_ledger
+    from fixtures.backends.faulty import FAULTS
+
+    caught, applicable, misses = bug_ledger.cpu_rate()
+    rows = bug_ledger.LEDGER
+
+    def sources(row):
+        return ", ".join(f"[{s.ref}]({s.url})" for s in row.sources)
+
+    def fault(row):
+        return f"`{row.fault}`" if row.fault else "none (miss)"
+
+    out = ["# Bug ledger", "", _generated("fixtures/bug_ledger.py"), "",
+           "Classes of MoE correctness bugs that shipped in public kernels (FlashInfer, vLLM, SGLang, DeepGEMM, DeepEP, "
+           "TensorRT-LLM), each with the input that shows it, the check that catches it, and the fault in "
+           "`fixtures/backends/faulty.py` that models it on the CPU. Almost every class is exact at a default value "
+           "of one input dimension and wrong by O(1) once it moves; [strategies.md](strategies.md) says how the "
+           "strategies draw each such dimension.", "",
+           f"**CPU: {caught} of {applicable} rows that apply to MegaMoE are caught ({100 * caught / applicable:.1f}%; "
+           f"the floor is {bug_ledger.CPU_RATE_FLOOR:.0%}).** The status is asserted, not written: "
+           "`suites/meta/test_bug_ledger.py` runs each row's check on `faulty:<fault>` and demands a catch, runs the "
+           "same check on the clean reference and demands a pass, and computes the rate from the table. "
+           f"{len(rows)} rows; {len(rows) - applicable} do not apply to MegaMoE (router- or integration-side), and "
+           "stay in the table with the reason.", "",
+           "**GPU: every row waits for a GPU.** `suites/flashinfer/test_gpu_faults.py` wraps each SM90 "
+           "implementation in each row's fault (and replays a captured CUDA graph with changed inputs); those tests "
+           "skip without a GPU and have not run.", "",
+           "## Misses", "", "Rows that apply to MegaMoE and that no CPU fault models:", ""]
+    out += [f"- `{row.id}`: {row.miss}" for row in misses]
+    out += ["", "Rows that do not apply to MegaMoE and have no layer fault (the routing-op rows are held by the "
+            "routing-op check instead):", ""]
+    out += [f"- `{row.id}`: {row.miss}" for row in rows if row.fault is None and not row.applies_to_megamoe]
+    out += ["", "## Rows", "",
+            "| class | MegaMoE | check | CPU fault | CPU (asserted) | GPU | sources |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        out.append(f"| [`{row.id}`](#{_slug(row.id)}) | {'yes' if row.applies_to_megamoe else 'no'} | `{row.check}` | "
+                   f"{fault(row)} | {row.expected_cpu} | {row.gpu} | {sources(row)} |")
+    for row in rows:
+        out += ["", f"### {row.id}", "", _cell(row.klass), "",
+                f"- shows with: {_cell(row.shows_with)}",
+                f"- dimensions: {_join(f'`{d}`' for d in row.dimensions)}",
+                f"- check: `{row.check}`" + (" (the routing-op check)" if row.check == "routing" else ""),
+                f"- fault: `{row.fault}`: {_cell(FAULTS[row.fault])}" if row.fault else f"- fault: none: {row.miss}",
+                f"- MegaMoE: {'applies' if row.applies_to_megamoe else 'does not apply: ' + row.not_megamoe}",
+                f"- CPU: {row.expected_cpu}; GPU: {row.gpu}",
+                f"- sources: {sources(row)}"]
+    return "\n".join(out) + "\n"
+
+
 def _slug(heading: str) -> str:
     """The anchor GitHub gives a Markdown heading."""
     return re.sub(r"[^\w\- ]", "", heading.replace("`", "").strip().lower()).replace(" ", "-")
@@ -217,7 +272,7 @@ def fill_block(text: str, block: str, name: str, marks: tuple[str, str] = (BEGIN
     """``text`` with the block between the two ``marks`` lines (the settings block by default) replaced."""
     begin, end = marks
     if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
-        raise SystemExit(f"{name}: needs one {begin} line followed by one {end} line around its generated table")
+        raise cli.InputError(f"{name}: needs one {begin} line followed by one {end} line around its generated table")
     head, rest = text.split(begin, 1)
     return f"{head}{begin}\n{block.strip()}\n{end}{rest.split(end, 1)[1]}"
 
@@ -240,11 +295,20 @@ def render_resolution() -> str:
     return "\n".join(rows)
 
 
+def render_exit_codes() -> str:
+    """Every command's exit codes, one meaning each (ci/cli.py)."""
+    return "\n".join(["| exit code | meaning |", "|---|---|",
+                      *(f"| {code} | {_cell(meaning)} |" for code, meaning in sorted(cli.EXIT_CODES.items()))])
+
+
 def targets(root: Path = ROOT) -> dict[Path, str]:
     """Each generated file and the text it should hold."""
-    out = {root / "docs/backends.md": render_backends(), root / "docs/findings.md": render_findings()}
+    out = {root / "docs/backends.md": render_backends(), root / "docs/findings.md": render_findings(),
+           root / "docs/bug-ledger.md": render_bug_ledger()}
     tolerances = root / "docs/tolerances.md"
     out[tolerances] = fill_block(tolerances.read_text(), render_resolution(), "docs/tolerances.md", RESOLUTION)
+    running = root / "docs/running.md"
+    out[running] = fill_block(running.read_text(), render_exit_codes(), "docs/running.md", EXIT_CODES)
     settings = _settings()
     if settings:
         readme = root / "README.md"
@@ -259,20 +323,23 @@ def stale(root: Path = ROOT) -> list[str]:
             if not path.exists() or path.read_text() != text]
 
 
+@cli.command("tools.gen_docs")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.gen_docs", description=__doc__.split("\n")[0])
+    p = cli.Parser("tools.gen_docs", description=__doc__.split("\n")[0],
+                   codes={cli.VERDICT: "--check: a generated file is stale (each named)",
+                          cli.INPUT: "a file lacks the begin and end lines around its generated table"})
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each stale file")
     args = p.parse_args(argv)
     if args.check:
         old = stale()
         for name in old:
             print(f"stale: {name} (run python -m tools.gen_docs)")
-        return 1 if old else 0
+        return cli.VERDICT if old else cli.OK
     for path, text in targets().items():
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
             print(f"wrote {path.relative_to(ROOT)}")
-    return 0
+    return cli.OK
 
 
 if __name__ == "__main__":

@@ -120,7 +120,10 @@ for phase in "$@"; do
       suites/conformance/test_generic.py -k test_matches_reference --impl "faulty:$fault@$impl" --ep 1 \
       -p no:cacheprovider --results-dir "$out/faulty" --junitxml "$out/faulty/junit.xml" >> "$out/faulty.log" 2>&1
     echo "faulty run exit $? after $(( $(date +%s) - start ))s" | tee -a "$out/faulty.log"
-    for f in "$out/faulty"/*; do sed "s|faulty:$fault@||g" "$f" > "$out/faulty-as-clean/$(basename "$f")"; done
+    # the run's records sit in a run folder of their own (and junit.xml beside it): relabel every file, keeping paths
+    (cd "$out/faulty" && find . -type f) | while read -r f; do
+      mkdir -p "$(dirname "$out/faulty-as-clean/$f")"; sed "s|faulty:$fault@||g" "$out/faulty/$f" > "$out/faulty-as-clean/$f"
+    done
     python3 -m ci.compare_runs "$clean" "$out/faulty-as-clean" > "$out/compare-faulty.txt" 2>&1
     echo "compare_runs $clean $out/faulty-as-clean: exit $? (1 = the planted regression flagged)" \
       | tee -a "$out/faulty.log"

@@ -56,7 +56,8 @@ def test_check(subject, check, data, seed):
 
 
 # The case depends on the geometry and a seed: more draws repeat it. Not shrunk: a failing case is one batch of 6
-# tokens a rank already, and shrinking reran it on the GPU through every draw (H200 run 11: 316 s, all failing).
+# tokens a rank already, and shrinking reruns it on the GPU through every draw (316 s on the H200, all failing:
+# reference.evidence.EXACT_EVERY_BACKEND).
 @settings(max_examples=CASES_PER_SUBJECT, phases=(Phase.explicit, Phase.reuse, Phase.generate))
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_exact(subject, data, seed):

@@ -98,10 +98,12 @@ ROWS = [
      cli.INPUT, "is not an API snapshot", 60),
     ("upgrade-check-no-such-environment", ["ci.upgrade_check", "0.7.4", "{tmp}/nowhere"], {},
      cli.INPUT, "not a version, and no such folder; give a FlashInfer version", 60),
-    # one file for its pytest phase to collect: -m sm91 deselects all of any (collecting the whole suite: +7 s)
-    ("nightly-that-runs-no-test", ["ci.nightly", "--arch", "sm91", "--no-latency", "--out", "{tmp}/night", "--",
-                                   "suites/harness/test_bad_inputs.py"], {},
-     cli.NOTHING_TESTED, "RED: no test ran (sm91 is no arch the suite knows", 300),
+    ("nightly-unknown-arch", ["ci.nightly", "--arch", "sm91", "--no-latency", "--out", "{tmp}/night"], {},
+     cli.INPUT, "--arch sm91: expected one of sm90, sm100", 120),
+    # one file for its pytest phase to collect, whose every test -k deselects (collecting the whole suite: +7 s)
+    ("nightly-that-runs-no-test", ["ci.nightly", "--arch", "cpu", "--no-latency", "--out", "{tmp}/night", "--",
+                                   "suites/harness/test_bad_inputs.py", "-k", "no_test_is_named_so"], {},
+     cli.NOTHING_TESTED, "RED: no test ran", 300),
 ]
 
 

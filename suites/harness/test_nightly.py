@@ -33,7 +33,7 @@ def test_a_cpu_nightly_writes_the_whole_folder(tmp_path):
     assert "[progress] reference-ep EP1" in done.stdout and "[progress] reference-ep EP8" in done.stdout, done.stdout
     for name in ("junit.xml", "env.json", "report.md", "report.html", "plots/rel_l2.png"):
         assert (out / name).exists(), f"{name} missing: {sorted(p.name for p in out.rglob('*'))}"
-    assert list(out.glob("cases-*.jsonl")), "no per-case records"
+    assert list(out.glob("*/cases-*.jsonl")), "no per-case records in the run folder"
     # the time budget (ci.time_budget) at the end of the run, from real pools, builds, cases and checks: it adds up
     budget, log = time_budget.budget(out), (out / "nightly.log").read_text()
     assert "time budget of this session" in log and re.search(r"^reference-ep +8 ", log, re.M), log[-3000:]

@@ -74,7 +74,6 @@ def test_an_invalid_value_stops_ci_test_sh_with_one_line():
     lines = [line for line in lines if line not in setup]
     assert done.returncode != 0 and "Traceback" not in done.stdout + done.stderr, (done.returncode, lines)
     assert len(lines) == 1 and "MOE_CASE_TIMEOUT" in lines[0], lines
-    assert len(setup) <= 1, setup
 
 
 class _Config:

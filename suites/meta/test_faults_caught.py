@@ -17,7 +17,7 @@ from fixtures import results
 from fixtures.checks import CHECKS, ConformanceFailure, run_checks, suite_python
 from fixtures.history import HistoryDependence
 from fixtures.implementation import load
-from fixtures.backends.faulty import FAULTS, SCALE_SIZE, resolution_faults
+from fixtures.backends.faulty import FAULTS, LEDGER_FAULTS, SCALE_SIZE, resolution_faults
 from reference.recipes import ALL_RECIPES
 from fixtures.strategies import scenarios
 from fixtures.runner import Subject
@@ -70,7 +70,9 @@ def _search(fault: str, names=None, inner: str = "") -> tuple[ConformanceFailure
 # Each check alone, against a fault it is there to catch: its own printed reproduction must fail again.
 CHECK_FAULTS = {"textbook": "gate_up_swapped", "repeat-determinism": "accumulate_twice", "systematic": "scale_1e-3",
                 "permutation": "last_token_unwritten", "relabel": "experts_off_by_one",
-                "history": "accumulate_into_output", "exact": "routing_weights_bf16"}
+                "history": "accumulate_into_output", "exact": "routing_weights_bf16",
+                "linearity": "weights_renormalized", "continuity": "ue8m0_fc2_scale",
+                "scale-equivariance": "global_scale_ignored"}
 
 
 def test_every_registered_check_has_a_fault_it_catches_alone():
@@ -114,7 +116,7 @@ def test_systematic_faults_are_caught_under_each_fp8_recipe(fault, recipe):
     print(f"{fault} under {recipe}: caught after {examples} example(s): {str(failure).splitlines()[0][-160:]}")
 
 
-@pytest.mark.parametrize("fault", sorted(FAULTS))
+@pytest.mark.parametrize("fault", sorted(set(FAULTS) - set(LEDGER_FAULTS)))  # those: test_bug_ledger.py
 def test_generic_checks_catch(fault):
     failure, examples = _search(fault)
     caught_by = str(failure).split("]", 1)[0].lstrip("[")

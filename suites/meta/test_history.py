@@ -15,7 +15,7 @@ import torch
 
 from ci import repro
 from fixtures.checks import ConformanceFailure, check_oracle
-from fixtures.dist.pool import isolated
+from fixtures.scheduler import isolated
 from fixtures.history import HistoryDependence, HistoryFailure, check_history, judge
 from fixtures.implementation import load
 from fixtures.problem import BatchCase, LayerCase, Scenario
