@@ -9,6 +9,7 @@
 * markers ``sm90``/``sm100``/``sm107``/``sm120`` run only on a GPU of that arch and skip elsewhere,
   saying why.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,6 +43,7 @@ def pytest_report_header(config):
 
     try:
         import importlib.metadata as md
+
         fi = md.version("flashinfer-python")
     except Exception:  # not installed
         fi = "not installed"

@@ -1,4 +1,5 @@
 """The project's tools, each run as ``python -m ci.NAME``."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -15,6 +15,7 @@ alone; FlashInfer is never installed here, importable or not: the FlashInfer tes
 Exit codes (ci/cli.py's table; ci/setup.sh exits with them): 4 this Python cannot add the missing requirements
 (no pip, or no packaging), 6 pip could not add them (no package index, or they conflict with what is installed).
 """
+
 from __future__ import annotations
 
 import importlib.metadata as md
@@ -97,16 +98,20 @@ def describe_flashinfer() -> None:
     """Says which FlashInfer is here and whether it imports; installs nothing."""
     installed, where = version("flashinfer-python"), module_dir("flashinfer")
     if not where:
-        say(f"no flashinfer module here{f' (flashinfer-python {installed} has metadata only)' if installed else ''}: "
+        say(
+            f"no flashinfer module here{f' (flashinfer-python {installed} has metadata only)' if installed else ''}: "
             "FlashInfer is not installed into this environment by setup (the FlashInfer tests skip with their reason); "
-            "install your build here, or MOE_USE_VENV=1 for the suite's own .venv")
+            "install your build here, or MOE_USE_VENV=1 for the suite's own .venv"
+        )
         return
     try:
         importlib.import_module("flashinfer")  # does it import
     except Exception as err:  # noqa: BLE001 (any failure is reported, not repaired)
         first = str(err).splitlines()[0] if str(err) else ""
-        say(f"flashinfer at {where} does not import ({type(err).__name__}: {first}): setup installs no FlashInfer "
-            "here; the FlashInfer tests fail or skip with this reason")
+        say(
+            f"flashinfer at {where} does not import ({type(err).__name__}: {first}): setup installs no FlashInfer "
+            "here; the FlashInfer tests fail or skip with this reason"
+        )
         return
     say(f"flashinfer-python {installed or '(no metadata)'} from {where}")
 
@@ -154,31 +159,44 @@ def prepare(root: Path) -> int:
         wanted.append(ci or f"{req.name}{req.specifier}")
     names = " ".join(wanted)
     if importlib.util.find_spec("pip") is None:
-        say(f"missing from the [test] extra: {names}; this Python has no pip: install them yourself "
-            "(e.g. uv pip install), keeping torch and FlashInfer")
+        say(
+            f"missing from the [test] extra: {names}; this Python has no pip: install them yourself "
+            "(e.g. uv pip install), keeping torch and FlashInfer"
+        )
         return cli.INPUT
     with tempfile.NamedTemporaryFile("w", prefix="moe-keep-", suffix=".txt", delete=False) as keep:
         keep.write("# what is installed stays as it is (ci/active_python.py)\n" + "\n".join(lines) + "\n")
-    say(f"installing the missing test requirements {names}, with every installed distribution pinned "
-        f"({keep.name}): no torch or FlashInfer is installed or changed")
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                           "-c", keep.name, *wanted], stdout=sys.stderr)
+    say(
+        f"installing the missing test requirements {names}, with every installed distribution pinned "
+        f"({keep.name}): no torch or FlashInfer is installed or changed"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c", keep.name, *wanted],
+        stdout=sys.stderr,
+    )
     Path(keep.name).unlink(missing_ok=True)
     importlib.invalidate_caches()
     still = [str(r) for r in missing if version(r.name) is None]
     if done.returncode or still:
-        say(f"pip could not add {' '.join(still) or names} without changing what is installed (exit "
-            f"{done.returncode}): install them yourself, or MOE_USE_VENV=1 for the suite's own .venv")
+        say(
+            f"pip could not add {' '.join(still) or names} without changing what is installed (exit "
+            f"{done.returncode}): install them yourself, or MOE_USE_VENV=1 for the suite's own .venv"
+        )
         return cli.INCOMPLETE
     return cli.OK
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = cli.Parser("ci.active_python", description=__doc__.split("\n\n")[0], more=__doc__.split("\n\n")[1],
-                   codes={cli.INPUT: "a bad argument; or (prepare) this Python has no pip or packaging to add the "
-                                     "missing requirements with",
-                          cli.INCOMPLETE: "(prepare) pip could not add them: no package index, or a conflict with "
-                                          "what is installed"})
+    p = cli.Parser(
+        "ci.active_python",
+        description=__doc__.split("\n\n")[0],
+        more=__doc__.split("\n\n")[1],
+        codes={
+            cli.INPUT: "a bad argument; or (prepare) this Python has no pip or packaging to add the "
+            "missing requirements with",
+            cli.INCOMPLETE: "(prepare) pip could not add them: no package index, or a conflict with what is installed",
+        },
+    )
     p.add_argument("what", choices=("where", "prepare"))
     p.add_argument("root", nargs="?", type=Path, help="prepare: the checkout")
     a = p.parse_args(argv)

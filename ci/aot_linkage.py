@@ -18,6 +18,7 @@ and loaded the other 9 and all 16 of the rebuilt tarball (a libcuda.so.1 stub on
 Needs binutils' ``readelf``. Where it is missing, every module counts as unfit: an unchecked module can end the
 run, and a module left out is only compiled by FlashInfer as usual.
 """
+
 from __future__ import annotations
 
 import re
@@ -66,8 +67,10 @@ def unfit(path: Path) -> str | None:
         calls = sorted(s for s in dynamic_symbols(path, defined=False) if DRIVER_SYMBOL.match(s))
         if calls and DRIVER_LIBRARY not in needed(path):
             shown = ", ".join(calls[:4]) + (f" and {len(calls) - 4} more" if len(calls) > 4 else "")
-            return (f"calls the CUDA driver ({shown}) without listing {DRIVER_LIBRARY} as NEEDED (as when "
-                    f"linked against a libcuda stub that defines none of them): its first call would end the process")
+            return (
+                f"calls the CUDA driver ({shown}) without listing {DRIVER_LIBRARY} as NEEDED (as when "
+                f"linked against a libcuda stub that defines none of them): its first call would end the process"
+            )
     except (RuntimeError, subprocess.TimeoutExpired) as err:
         return str(err)
     return None
@@ -100,12 +103,17 @@ def load_failures(paths: list[Path], python: str = sys.executable) -> dict[Path,
     except subprocess.TimeoutExpired:
         return {p: "the bind-now load did not end within 600 s" for p in paths}
     if done.returncode != 0:  # a static constructor that ends the process: none of them is trusted
-        return {p: f"the bind-now load ended its process (status {done.returncode}): {done.stderr.strip()[-300:]}"
-                for p in paths}
+        return {
+            p: f"the bind-now load ended its process (status {done.returncode}): {done.stderr.strip()[-300:]}"
+            for p in paths
+        }
     failed = dict(line.split("\t", 1) for line in done.stdout.splitlines() if "\t" in line)
     missing = "".join(f" ({p[1:]} not importable by {python}: {why})" for p, why in failed.items() if p.startswith("!"))
-    return {Path(p): f"would not load with every symbol bound: {why}{missing}" for p, why in failed.items()
-            if not p.startswith("!")}
+    return {
+        Path(p): f"would not load with every symbol bound: {why}{missing}"
+        for p, why in failed.items()
+        if not p.startswith("!")
+    }
 
 
 def modules(paths: list[Path]) -> list[Path]:
@@ -114,12 +122,18 @@ def modules(paths: list[Path]) -> list[Path]:
 
 @cli.command("ci.aot_linkage")
 def main(argv=None) -> int:
-    p = cli.Parser("ci.aot_linkage", description=__doc__.splitlines()[0],
-                   codes={cli.VERDICT: "a module is unfit (each named on stdout, with why unless --names)"})
+    p = cli.Parser(
+        "ci.aot_linkage",
+        description=__doc__.splitlines()[0],
+        codes={cli.VERDICT: "a module is unfit (each named on stdout, with why unless --names)"},
+    )
     p.add_argument("paths", type=Path, nargs="+")
     p.add_argument("--names", action="store_true", help="print only the unfit modules' paths, one a line")
-    p.add_argument("--load", action="store_true",
-                   help="also load each module here with every symbol bound (on the GPU host, before installing)")
+    p.add_argument(
+        "--load",
+        action="store_true",
+        help="also load each module here with every symbol bound (on the GPU host, before installing)",
+    )
     a = p.parse_args(argv)
     found = modules(a.paths)
     why = {m: reason for m in found if (reason := unfit(m))}

@@ -6,6 +6,7 @@ snapshot nearest to an unpinned version.
 Reports, section by section: kernels, aliases, exports and error classes added or removed; per config
 class, fields added, removed, and changed (default, init); signatures changed.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ def _version_key(version: str) -> tuple:
 
 
 def pinned_versions(directory: Path = SNAPSHOT_DIR) -> list[str]:
-    return sorted((p.stem[len("api-"):] for p in directory.glob("api-*.json")), key=_version_key)
+    return sorted((p.stem[len("api-") :] for p in directory.glob("api-*.json")), key=_version_key)
 
 
 def nearest_pinned(version: str, directory: Path = SNAPSHOT_DIR) -> str | None:
@@ -45,8 +46,9 @@ def _set_diff(label: str, old, new) -> list[str]:
 
 def _dict_diff(label: str, old: dict, new: dict) -> list[str]:
     lines = _set_diff(label, old, new)
-    return lines + [f"{label} changed: {k}: {old[k]!r} -> {new[k]!r}" for k in sorted(set(old) & set(new))
-                    if old[k] != new[k]]
+    return lines + [
+        f"{label} changed: {k}: {old[k]!r} -> {new[k]!r}" for k in sorted(set(old) & set(new)) if old[k] != new[k]
+    ]
 
 
 def _config_diff(name: str, old: dict, new: dict) -> list[str]:
@@ -88,8 +90,16 @@ def diff(old: dict, new: dict) -> list[str]:
     return lines
 
 
-SECTIONS = ("flashinfer_version", "mega_kernels", "deprecated_kernel_aliases", "exports", "errors",
-            "deprecated_config_classes", "kernel_configs", "signatures")
+SECTIONS = (
+    "flashinfer_version",
+    "mega_kernels",
+    "deprecated_kernel_aliases",
+    "exports",
+    "errors",
+    "deprecated_config_classes",
+    "kernel_configs",
+    "signatures",
+)
 
 
 def read_snapshot(path: str) -> dict:
@@ -109,9 +119,15 @@ def read_snapshot(path: str) -> dict:
 
 @cli.command("ci.api_diff")
 def main(argv=None) -> int:
-    p = cli.Parser("ci.api_diff", description="diff two FlashInfer API snapshots",
-                   codes={0: "the same API surface", 1: "the API changed",
-                          cli.INPUT: "unusable input: a file missing, not JSON, or not a snapshot"})
+    p = cli.Parser(
+        "ci.api_diff",
+        description="diff two FlashInfer API snapshots",
+        codes={
+            0: "the same API surface",
+            1: "the API changed",
+            cli.INPUT: "unusable input: a file missing, not JSON, or not a snapshot",
+        },
+    )
     p.add_argument("old")
     p.add_argument("new")
     a = p.parse_args(argv)

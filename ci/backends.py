@@ -4,6 +4,7 @@ descriptors (for people and for shell scripts).
     python -m ci.backends            # every registered name
     python -m ci.backends sm90       # those of one arch (several may be named)
 """
+
 from __future__ import annotations
 
 import sys
@@ -24,8 +25,12 @@ def main(argv=None) -> int:
     from fixtures.selection import _product_names, implementations_of
 
     known = sorted(ARCH_MARKERS, key=lambda tag: int(tag[2:]))
-    p = cli.Parser("ci.backends", description=__doc__.split("\n\n")[0], more=MORE,
-                   codes={cli.INPUT: "unknown arch (the message lists the known ones)"})
+    p = cli.Parser(
+        "ci.backends",
+        description=__doc__.split("\n\n")[0],
+        more=MORE,
+        codes={cli.INPUT: "unknown arch (the message lists the known ones)"},
+    )
     p.add_argument("arch", nargs="*", help=f"one of {', '.join(known)}, or all (the default)")
     a = p.parse_args(argv)
     unknown = [tag for tag in a.arch if tag not in (*known, "all")]

@@ -5,6 +5,7 @@ ci/conformance.sh``), which keeps pytest's own codes, and every ``python -m ci.*
 (``EXIT_CODES``, shown in docs/running.md and in each command's ``--help``). An input error is one line on stderr,
 what was wrong and what is accepted, with no traceback.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,14 +17,14 @@ OK, VERDICT, INTERRUPTED, INTERNAL, INPUT, NOTHING_TESTED, INCOMPLETE = 0, 1, 2,
 EXIT_CODES = {
     OK: "ok: every check that ran passed, and something was tested",
     VERDICT: "the verdict is bad: a test failed, a regression, a gate failed, a fault reproduced, a check or a "
-             "build the command makes failed",
+    "build the command makes failed",
     INTERRUPTED: "interrupted (pytest: Ctrl-C, or a collection error stopped the run)",
     INTERNAL: "internal error (pytest's own, or a plugin's)",
     INPUT: "unusable input: a bad argument, setting, file or folder (one line says what is accepted)",
     NOTHING_TESTED: "nothing was tested: no test collected, every test skipped (-m sm90 with no SM90 GPU visible; "
-                    "--impl whose backends all skip), or a report with no results; --allow-nothing-tested accepts it",
+    "--impl whose backends all skip), or a report with no results; --allow-nothing-tested accepts it",
     INCOMPLETE: "no verdict: a server, GPU, toolkit or package index the command needs was not there or went away, "
-                "or set-up could not install (fix that and rerun)",
+    "or set-up could not install (fix that and rerun)",
 }
 
 
@@ -47,8 +48,12 @@ class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line (exit INPUT) and whose ``--help`` lists the exit codes."""
 
     def __init__(self, name: str, *, codes: dict[int, str], more: str = "", **kw):
-        super().__init__(prog=f"python -m {name}", epilog=epilog(codes, more),
-                         formatter_class=argparse.RawDescriptionHelpFormatter, **kw)
+        super().__init__(
+            prog=f"python -m {name}",
+            epilog=epilog(codes, more),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            **kw,
+        )
 
     def error(self, message):
         self.exit(INPUT, f"{self.prog}: {message} (see --help)\n")
@@ -58,6 +63,7 @@ def command(name: str):
     """Decorate a command's ``main(argv) -> int`` (``name``: its module, e.g. ``ci.compare_runs``): an InputError or
     Incomplete becomes its one line on stderr and its exit code, for callers of ``main`` (tests, other commands)
     as for the shell."""
+
     def decorate(main):
         @functools.wraps(main)
         def wrapped(argv=None) -> int:
@@ -66,5 +72,7 @@ def command(name: str):
             except (InputError, Incomplete) as err:
                 print(f"python -m {name}: " + " ".join(str(err).split()), file=sys.stderr)  # one line, always
                 return INPUT if isinstance(err, InputError) else INCOMPLETE
+
         return wrapped
+
     return decorate

@@ -32,6 +32,7 @@ cases (the records' output digests), median case time; informational.
 Incomparable: either folder holds neither per-case records nor failures, or the two share no
 (implementation, EP size). A run whose every case failed is compared by its failures.
 """
+
 from __future__ import annotations
 
 import json
@@ -83,9 +84,13 @@ def _failures(folder: Path, outcomes: dict[str, str]) -> set[tuple[str, str, int
     JUnit comparison reports. ``outcomes``: the folder's JUnit outcomes (read once by compare)."""
     # a test that reproduced a finding wrote its failure on purpose (the finding's xfail); the findings rule judges it
     finding_tests = {f.get("test") for f in records(folder, "findings") if f.get("reproduced")}
-    return {(f["check"], f["impl"], f.get("ep", 0)) for f in records(folder, "failures")
-            if not expected_by_its_test(f, outcomes) and not str(f["impl"]).startswith(FAULT_PREFIX)
-            and f.get("test") not in finding_tests}
+    return {
+        (f["check"], f["impl"], f.get("ep", 0))
+        for f in records(folder, "failures")
+        if not expected_by_its_test(f, outcomes)
+        and not str(f["impl"]).startswith(FAULT_PREFIX)
+        and f.get("test") not in finding_tests
+    }
 
 
 def failing_tests_report(a: dict[str, str], b: dict[str, str]) -> tuple[bool, list[str]]:
@@ -101,8 +106,7 @@ def failing_tests_report(a: dict[str, str], b: dict[str, str]) -> tuple[bool, li
 def _findings(folder: Path) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
     """(implementation, finding) pairs: those reproduced, and those tested at all."""
     rows = records(folder, "findings")
-    return ({(f["impl"], f["finding"]) for f in rows if f.get("reproduced")},
-            {(f["impl"], f["finding"]) for f in rows})
+    return ({(f["impl"], f["finding"]) for f in rows if f.get("reproduced")}, {(f["impl"], f["finding"]) for f in rows})
 
 
 def _latency(folder: Path) -> dict[tuple[str, str, int], dict]:
@@ -120,15 +124,19 @@ def latency_report(old: Path, new: Path) -> tuple[bool, list[str]]:
         beyond_spread = rb["median_ms"] - ra["median_ms"] > ra["iqr_ms"] + rb["iqr_ms"]
         slower = key[0] not in LATENCY_BASELINES and ratio > LATENCY_ROW_NOISE and beyond_spread
         regressed |= slower
-        lines.append(f"{'REGRESSION ' if slower else ''}latency {key[0]} {key[1]} T={key[2]}: median "
-                     f"{ra['median_ms']:.4g} -> {rb['median_ms']:.4g} ms (x{ratio:.2f})")
+        lines.append(
+            f"{'REGRESSION ' if slower else ''}latency {key[0]} {key[1]} T={key[2]}: median "
+            f"{ra['median_ms']:.4g} -> {rb['median_ms']:.4g} ms (x{ratio:.2f})"
+        )
     for impl, values in sorted(logs.items()):
         mean = math.exp(sum(values) / len(values))
         slower = impl not in LATENCY_BASELINES and mean > 1 + LATENCY_BACKEND_NOISE
         regressed |= slower
-        lines.append(f"{'REGRESSION ' if slower else ''}latency {impl}: geometric mean of {len(values)} median "
-                     f"ratios x{mean:.3f} (rule: > x{1 + LATENCY_BACKEND_NOISE:g})"
-                     + (" (the baseline: never a regression)" if impl in LATENCY_BASELINES else ""))
+        lines.append(
+            f"{'REGRESSION ' if slower else ''}latency {impl}: geometric mean of {len(values)} median "
+            f"ratios x{mean:.3f} (rule: > x{1 + LATENCY_BACKEND_NOISE:g})"
+            + (" (the baseline: never a regression)" if impl in LATENCY_BASELINES else "")
+        )
     return regressed, lines
 
 
@@ -151,8 +159,11 @@ def side_by_side(cases_old: dict, cases_new: dict) -> list[str]:
     max), how many of the same (case, batch, rank) outputs are bitwise equal, and the median case time.
     Informational: the regression rules are the ones above (case times include layer builds and shrinking, so
     they are no latency figure; tools.bench_latency is)."""
-    lines = ["| implementation | EP | checks | rel-L2 median | rel-L2 p99 | rel-L2 max | bitwise-equal outputs | "
-             "median case s |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| implementation | EP | checks | rel-L2 median | rel-L2 p99 | rel-L2 max | bitwise-equal outputs | "
+        "median case s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for key in sorted(cases_old.keys() & cases_new.keys()):
         ca, cb = cases_old[key], cases_new[key]
         a, b = ca["errors"], cb["errors"]
@@ -165,7 +176,8 @@ def side_by_side(cases_old: dict, cases_new: dict) -> list[str]:
         lines.append(
             f"| {key[0]} | {key[1]} | {len(a)} / {len(b)} | {statistics.median(a):.3g} / {statistics.median(b):.3g} | "
             f"{_quantile(a, 0.99):.3g} / {_quantile(b, 0.99):.3g} | {max(a):.3g} / {max(b):.3g} | {bits} | "
-            f"{statistics.median(ca['seconds']):.3g} / {statistics.median(cb['seconds']):.3g} |")
+            f"{statistics.median(ca['seconds']):.3g} / {statistics.median(cb['seconds']):.3g} |"
+        )
     return ["side by side (OLD / NEW):"] + lines if len(lines) > 2 else []
 
 
@@ -182,20 +194,29 @@ def compare(old: Path, new: Path) -> tuple[int, list[str]]:
     if not seen_old or not seen_new:
         return cli.INPUT, [f"incomparable: no per-case records or failures in {old if not seen_old else new}"]
     if not seen_old & seen_new:
-        return cli.INPUT, [f"incomparable: no (implementation, EP size) in both runs: {sorted(seen_old)} vs {sorted(seen_new)}"]
+        return cli.INPUT, [
+            f"incomparable: no (implementation, EP size) in both runs: {sorted(seen_old)} vs {sorted(seen_new)}"
+        ]
     common = sorted(errors_old.keys() & errors_new.keys())
     report, regressed = [], False
     for check, impl, ep in sorted(failed_new - failed_old):
         report.append(f"REGRESSION new failure: [{check}] {impl} at EP{ep}")
         regressed = True
     # fixed only where NEW ran that implementation at that EP size; a narrower NEW did not fix what it skipped
-    report += [(f"fixed: [{c}] {i} at EP{e}" if (i, e) in seen_new
-                else f"failed in OLD, not tested in NEW: [{c}] {i} at EP{e}")
-               for c, i, e in sorted(failed_old - failed_new)]
+    report += [
+        (
+            f"fixed: [{c}] {i} at EP{e}"
+            if (i, e) in seen_new
+            else f"failed in OLD, not tested in NEW: [{c}] {i} at EP{e}"
+        )
+        for c, i, e in sorted(failed_old - failed_new)
+    ]
     for name, outcomes in (("OLD", outcomes_old), ("NEW", outcomes_new)):
         if not outcomes:  # a run cut short writes no JUnit file
-            report.append(f"{name} holds no JUnit file (a run cut short?): its failure records are judged without "
-                          "their tests' outcomes")
+            report.append(
+                f"{name} holds no JUnit file (a run cut short?): its failure records are judged without "
+                "their tests' outcomes"
+            )
     failing, lines = failing_tests_report(outcomes_old, outcomes_new)
     regressed |= failing
     report += lines
@@ -209,8 +230,10 @@ def compare(old: Path, new: Path) -> tuple[int, list[str]]:
         p = mannwhitneyu(b, a, alternative="greater").pvalue
         med_a, med_b = statistics.median(a), statistics.median(b)
         shifted = p < P_VALUE and med_b > MEDIAN_RATIO * med_a + 1e-6
-        report.append(f"{'REGRESSION ' if shifted else ''}{key[0]} EP{key[1]}: rel-L2 median {med_a:.3g} -> {med_b:.3g}, "
-                      f"max {max(a):.3g} -> {max(b):.3g}, p = {p:.2g} ({len(a)} vs {len(b)} checks)")
+        report.append(
+            f"{'REGRESSION ' if shifted else ''}{key[0]} EP{key[1]}: rel-L2 median {med_a:.3g} -> {med_b:.3g}, "
+            f"max {max(a):.3g} -> {max(b):.3g}, p = {p:.2g} ({len(a)} vs {len(b)} checks)"
+        )
         regressed |= shifted
     (found_old, tested_old), (found_new, tested_new) = _findings(old), _findings(new)
     for impl, key in sorted(found_new - found_old):
@@ -219,10 +242,12 @@ def compare(old: Path, new: Path) -> tuple[int, list[str]]:
             regressed = True
         else:
             report.append(f"finding {key} on {impl}: reproduced in NEW, not tested in OLD")
-    report += [f"finding vanished: {key} on {impl}" for impl, key in sorted(found_old - found_new)
-               if (impl, key) in tested_new]
-    report += [f"finding {key} on {impl}: reproduced in OLD, not tested in NEW"
-               for impl, key in sorted(found_old - tested_new)]
+    report += [
+        f"finding vanished: {key} on {impl}" for impl, key in sorted(found_old - found_new) if (impl, key) in tested_new
+    ]
+    report += [
+        f"finding {key} on {impl}: reproduced in OLD, not tested in NEW" for impl, key in sorted(found_old - tested_new)
+    ]
     slower, lines = latency_report(old, new)
     regressed |= slower
     report += lines + api_report(old, new) + budget_growth.growth(old, new) + side_by_side(cases_old, cases_new)
@@ -234,8 +259,9 @@ def readable(folder: Path, name: str) -> None:
     line that is not JSON, a JUnit file that is not XML), so a broken folder is incomparable, never a verdict."""
     if not folder.is_dir():
         what = "is not a folder" if folder.exists() else "does not exist"
-        raise cli.InputError(f"incomparable: {name} folder {folder} {what}; give two results folders (each run's "
-                             "--results-dir)")
+        raise cli.InputError(
+            f"incomparable: {name} folder {folder} {what}; give two results folders (each run's --results-dir)"
+        )
     try:
         for path in sorted(folder.rglob("*.jsonl")):
             for number, line in enumerate(path.read_text().splitlines(), 1):
@@ -248,32 +274,58 @@ def readable(folder: Path, name: str) -> None:
                 json.loads(path.read_text())
     except (ValueError, ElementTree.ParseError) as err:  # json's errors are ValueErrors
         where = f"{path} line {number}" if path.suffix == ".jsonl" else str(path)
-        raise cli.InputError(f"incomparable: {where} is malformed ({err}); the records are JSON lines and the JUnit "
-                             "files XML, as the suite writes them") from None
+        raise cli.InputError(
+            f"incomparable: {where} is malformed ({err}); the records are JSON lines and the JUnit "
+            "files XML, as the suite writes them"
+        ) from None
 
 
 @cli.command("ci.compare_runs")
 def main(argv=None) -> int:
-    p = cli.Parser("ci.compare_runs", description=__doc__.splitlines()[0],
-                   codes={0: "no regression", 1: "regression",
-                          cli.INPUT: "incomparable: a folder missing or malformed, nothing to compare, or folders that are "
-                             "not one run's shards (a test in two shards)"},
-                   more=f"A time budget that grew (ci.time_budget: an implementation and EP size, or the session, "
-                        f"by over x{budget_growth.GROWTH:g} and {budget_growth.GROWTH_FLOOR_S:g} s) is a WARNING line, "
-                        "never a regression: the exit code stays 0 (a fresh or busy host takes longer, same code).")
+    p = cli.Parser(
+        "ci.compare_runs",
+        description=__doc__.splitlines()[0],
+        codes={
+            0: "no regression",
+            1: "regression",
+            cli.INPUT: "incomparable: a folder missing or malformed, nothing to compare, or folders that are "
+            "not one run's shards (a test in two shards)",
+        },
+        more=f"A time budget that grew (ci.time_budget: an implementation and EP size, or the session, "
+        f"by over x{budget_growth.GROWTH:g} and {budget_growth.GROWTH_FLOOR_S:g} s) is a WARNING line, "
+        "never a regression: the exit code stays 0 (a fresh or busy host takes longer, same code).",
+    )
     p.add_argument("old", type=Path, nargs="?", help="the earlier run's results folder (or --old, repeated)")
     p.add_argument("new", type=Path, nargs="?", help="the later run's results folder (or --new, repeated)")
-    p.add_argument("--old", dest="olds", type=Path, action="append", default=[],
-                   help="one shard's folder of the earlier run (repeated: its shards, merged by ci.runs)")
-    p.add_argument("--new", dest="news", type=Path, action="append", default=[],
-                   help="one shard's folder of the later run (repeated: its shards, merged by ci.runs)")
+    p.add_argument(
+        "--old",
+        dest="olds",
+        type=Path,
+        action="append",
+        default=[],
+        help="one shard's folder of the earlier run (repeated: its shards, merged by ci.runs)",
+    )
+    p.add_argument(
+        "--new",
+        dest="news",
+        type=Path,
+        action="append",
+        default=[],
+        help="one shard's folder of the later run (repeated: its shards, merged by ci.runs)",
+    )
     a = p.parse_args(argv)
     given = [f for f in (a.old, a.new) if f is not None]  # with --old (--new) alone, a folder given is NEW (OLD)
-    olds, news = ((a.olds, [*a.news, *given]) if a.olds and not a.news else
-                  ([*given, *a.olds], a.news) if a.news and not a.olds else (given[:1] + a.olds, given[1:] + a.news))
+    olds, news = (
+        (a.olds, [*a.news, *given])
+        if a.olds and not a.news
+        else ([*given, *a.olds], a.news)
+        if a.news and not a.olds
+        else (given[:1] + a.olds, given[1:] + a.news)
+    )
     if not olds or not news:
-        raise cli.InputError("give OLD and NEW: two results folders, or each run's shards with --old DIR --new DIR "
-                             "(repeated)")
+        raise cli.InputError(
+            "give OLD and NEW: two results folders, or each run's shards with --old DIR --new DIR (repeated)"
+        )
     for folder in olds:
         readable(folder, "OLD")
     for folder in news:
@@ -285,7 +337,9 @@ def main(argv=None) -> int:
         runs.summaries([new])
         code, lines = compare(old, new)
     print("\n".join(lines))
-    print({cli.OK: "verdict: no regression", cli.VERDICT: "verdict: REGRESSION", cli.INPUT: "verdict: incomparable"}[code])
+    print(
+        {cli.OK: "verdict: no regression", cli.VERDICT: "verdict: REGRESSION", cli.INPUT: "verdict: incomparable"}[code]
+    )
     return code
 
 

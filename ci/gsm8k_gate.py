@@ -7,6 +7,7 @@ Exit 0: the candidate passes; 1: it fails the declared rule (reasons in gsm8k-ga
 folder holding another run's answers); 6: the run could not complete (a server did not start, could not be
 reached or refused, questions were left unanswered: rerun the same command to resume).
 """
+
 from __future__ import annotations
 
 import sys
@@ -21,10 +22,13 @@ from gates.gsm8k.dataset import DatasetError
 from gates.gsm8k.run import GateConfig, Unanswered, run_gate
 from gates.gsm8k.server import ServerError
 
-CODES = {0: "the candidate passes", 1: "the gate failed: the candidate fails the declared rule",
-         cli.INPUT: "unusable input: the config, the data file, or an --out folder of another run",
-         cli.INCOMPLETE: "could not complete: a server did not start, could not be reached or refused, or questions were left "
-            "unanswered (rerun the same command to resume)"}
+CODES = {
+    0: "the candidate passes",
+    1: "the gate failed: the candidate fails the declared rule",
+    cli.INPUT: "unusable input: the config, the data file, or an --out folder of another run",
+    cli.INCOMPLETE: "could not complete: a server did not start, could not be reached or refused, or questions were left "
+    "unanswered (rerun the same command to resume)",
+}
 
 
 @cli.command("ci.gsm8k_gate")

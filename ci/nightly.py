@@ -21,6 +21,7 @@ report opens with ci.compare_runs' verdict against it (the exit code stays the n
 ``$GITHUB_STEP_SUMMARY`` is set, report.md is appended to it. ``--arch cpu`` runs the CPU tier the same way (the
 job's own test). Exit codes (CODES): a night that tested nothing is red too.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -38,11 +39,14 @@ from ci import ROOT, cli
 from fixtures import settings
 
 
-CODES = {0: "every phase passed, and tests ran", 1: "a phase failed (tests failed, crashed or timed out)",
-         cli.INPUT: "unusable input: a bad argument (--baseline not a folder), a bad setting set-up names, or "
-                    "arguments a phase's pytest refused (its usage error)",
-         cli.INCOMPLETE: "no GPU of a known arch here (say --arch cpu for the CPU tier), or set-up could not install",
-         cli.NOTHING_TESTED: "nothing tested: no test ran, or every test skipped"}
+CODES = {
+    0: "every phase passed, and tests ran",
+    1: "a phase failed (tests failed, crashed or timed out)",
+    cli.INPUT: "unusable input: a bad argument (--baseline not a folder), a bad setting set-up names, or "
+    "arguments a phase's pytest refused (its usage error)",
+    cli.INCOMPLETE: "no GPU of a known arch here (say --arch cpu for the CPU tier), or set-up could not install",
+    cli.NOTHING_TESTED: "nothing tested: no test ran, or every test skipped",
+}
 
 
 def gpus(arch: str) -> list[int]:
@@ -71,13 +75,18 @@ def environment(devices: list[int]) -> dict:
         except (OSError, subprocess.TimeoutExpired):
             return ""
 
-    return {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
-            "cuda": torch.version.cuda, **{n: version(n) for n in ("flashinfer-python", "nvidia-cutlass-dsl",
-                                                                   "hypothesis", "pytest", "pytest-xdist")},
-            "gpus": [torch.cuda.get_device_name(i) for i in devices],
-            "driver": command("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader").split("\n")[0],
-            "commit": command("git", "rev-parse", "HEAD"), "dirty": bool(command("git", "status", "--porcelain"))}
+    return {
+        "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        **{n: version(n) for n in ("flashinfer-python", "nvidia-cutlass-dsl", "hypothesis", "pytest", "pytest-xdist")},
+        "gpus": [torch.cuda.get_device_name(i) for i in devices],
+        "driver": command("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader").split("\n")[0],
+        "commit": command("git", "rev-parse", "HEAD"),
+        "dirty": bool(command("git", "status", "--porcelain")),
+    }
 
 
 def phase_commands(arch: str, devices: list[int], out: Path, extra: list[str]) -> list[tuple[str, list, dict]]:
@@ -87,17 +96,40 @@ def phase_commands(arch: str, devices: list[int], out: Path, extra: list[str]) -
     EP-invariance checks compare each EP size with EP1 of the same process). Several: EP1 spread over a
     worker per GPU, then the EP > 1 cases only (``-m "ARCH and ep"``: the tests that take no EP size ran
     in the first phase), whose EP-invariance checks skip saying EP1 ran in another process."""
-    base = ["bash", str(ROOT / "ci" / "test.sh"), "-p", "fixtures.progress", "-p", "no:cacheprovider",
-            "--results-dir", str(out), "-rsx"]
+    base = [
+        "bash",
+        str(ROOT / "ci" / "test.sh"),
+        "-p",
+        "fixtures.progress",
+        "-p",
+        "no:cacheprovider",
+        "--results-dir",
+        str(out),
+        "-rsx",
+    ]
     if len(devices) <= 1:
         return [("all", [*base, "-m", arch, "--ep", "1,2,4,8", "--junitxml", str(out / "junit.xml"), *extra], {})]
-    ep1 = [*base, "-m", arch, "--ep", "1", "--junitxml", str(out / "junit-ep1.xml"),
-           "-n", str(len(devices)), "--dist", "loadgroup"]
+    ep1 = [
+        *base,
+        "-m",
+        arch,
+        "--ep",
+        "1",
+        "--junitxml",
+        str(out / "junit-ep1.xml"),
+        "-n",
+        str(len(devices)),
+        "--dist",
+        "loadgroup",
+    ]
     # -p fixtures.options: a replacement for a crashed xdist worker parses the command line before any conftest
     # (ci/test.sh says more)
     ep1 += ["-p", "fixtures.options"]
-    env1 = {settings.PIN_WORKER_GPU.name: "1", settings.GPU_LIST.name: ",".join(map(str, devices)),
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env1 = {
+        settings.PIN_WORKER_GPU.name: "1",
+        settings.GPU_LIST.name: ",".join(map(str, devices)),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     rest = [*base, "-m", f"{arch} and ep", "--ep", "2,4,8", "--junitxml", str(out / "junit-ep2-8.xml")]
     return [("ep1", [*ep1, *extra], env1), ("ep2-8", [*rest, *extra], {})]
 
@@ -109,8 +141,9 @@ def run(cmd: list, env: dict, log: Path, timeout: float) -> tuple[int, float, st
     started, last = time.monotonic(), ""
     with open(log, "a") as fh:
         fh.write(f"$ {' '.join(cmd)}\n")
-        proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         timer = threading.Timer(timeout, proc.kill)
         timer.start()
         try:
@@ -118,7 +151,7 @@ def run(cmd: list, env: dict, log: Path, timeout: float) -> tuple[int, float, st
                 fh.write(line)
                 last = line.strip() or last
                 if "[progress]" in line:
-                    print(line[line.index("[progress]"):].rstrip(), flush=True)
+                    print(line[line.index("[progress]") :].rstrip(), flush=True)
             code = proc.wait()
         finally:
             timed_out = not timer.is_alive()
@@ -133,8 +166,11 @@ def nothing_tested(out: Path, arch: str) -> str | None:
     from fixtures.results import junit_outcomes
 
     outcomes = junit_outcomes(out)
-    known = "" if arch in (*arches.ARCH_MARKERS, "cpu") else \
-        f" ({arch} is no arch the suite knows: {', '.join(arches.ARCH_MARKERS)}, cpu)"
+    known = (
+        ""
+        if arch in (*arches.ARCH_MARKERS, "cpu")
+        else f" ({arch} is no arch the suite knows: {', '.join(arches.ARCH_MARKERS)}, cpu)"
+    )
     if not outcomes:
         return f"no test ran{known}"
     if all(outcome == "skipped" for outcome in outcomes.values()):
@@ -146,6 +182,7 @@ def write_report(out: Path, baseline: Path | None, environ=None) -> None:
     """The night's report (against ``baseline``, a previous night's folder, if given), also as the job summary
     where ``$GITHUB_STEP_SUMMARY`` is set."""
     from ci import report, report_baseline
+
     for path in report.write(out, baseline):
         print(f"nightly: wrote {path}", flush=True)
     if report_baseline.job_summary(out / "report.md", environ):
@@ -160,8 +197,12 @@ def main(argv=None) -> int:
     p.add_argument("--examples", type=int, default=None, help="cap the hypothesis examples (MOE_HYPOTHESIS_EXAMPLES)")
     p.add_argument("--no-latency", action="store_true")
     p.add_argument("--phase-timeout", type=float, default=6 * 3600)
-    p.add_argument("--baseline", type=Path, default=None,
-                   help="a previous night's folder: the report opens with ci.compare_runs' verdict against it")
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a previous night's folder: the report opens with ci.compare_runs' verdict against it",
+    )
     a, extra = p.parse_known_args(argv)
     extra = [x for x in extra if x != "--"]
     if a.baseline and not a.baseline.is_dir():  # before hours of tests, not after
@@ -180,8 +221,10 @@ def main(argv=None) -> int:
         print("no GPU of a known arch here: say --arch cpu to run the CPU tier as a nightly job", file=sys.stderr)
         return cli.INCOMPLETE
     if arch not in (*arches.ARCH_MARKERS, "cpu"):  # pytest 9.2 refuses an unknown marker in -m: say so here first
-        print(f"python -m ci.nightly: --arch {arch}: expected one of {', '.join(arches.ARCH_MARKERS)}, cpu",
-              file=sys.stderr)
+        print(
+            f"python -m ci.nightly: --arch {arch}: expected one of {', '.join(arches.ARCH_MARKERS)}, cpu",
+            file=sys.stderr,
+        )
         return cli.INPUT
     devices = gpus(arch)
     out = a.out or ROOT / "results" / f"nightly-{datetime.date.today().isoformat()}"
@@ -190,11 +233,17 @@ def main(argv=None) -> int:
     env_info.update(arch=arch, profile=a.profile, examples=a.examples, phases={})
     try:
         from tools.snapshot_flashinfer_api import snapshot
+
         (out / "api.json").write_text(json.dumps(snapshot(), indent=1, sort_keys=True))
     except Exception as err:  # noqa: BLE001 (no FlashInfer here: the report says so)
         env_info["api_snapshot"] = f"not taken: {type(err).__name__}: {err}"
-    common = {settings.HYPOTHESIS_PROFILE.name: a.profile, "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-              "NVSHMEM_DISABLE_NVLS": "1", **({settings.HYPOTHESIS_EXAMPLES.name: str(a.examples)} if a.examples else {})}
+    common = {
+        settings.HYPOTHESIS_PROFILE.name: a.profile,
+        "NCCL_NVLS_ENABLE": "0",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+        **({settings.HYPOTHESIS_EXAMPLES.name: str(a.examples)} if a.examples else {}),
+    }
     log, worst, refused = out / "nightly.log", 0, False
     print(f"nightly: {arch}, {len(devices)} GPU(s), profile {a.profile}, results in {out}", flush=True)
     for name, cmd, env in phase_commands(arch, devices, out, extra):
@@ -205,14 +254,18 @@ def main(argv=None) -> int:
         worst = worst if code in (0, 5) else max(worst, 1)  # 5, nothing collected: judged below, by what ran
         refused |= code == cli.INPUT  # pytest's usage error: the arguments or a setting, not the kernels
     if devices and not a.no_latency:
-        code, seconds, last = run([python, "-m", "tools.bench_latency", "--json", str(out / "latency.json")], common,
-                                  log, a.phase_timeout)
+        code, seconds, last = run(
+            [python, "-m", "tools.bench_latency", "--json", str(out / "latency.json")], common, log, a.phase_timeout
+        )
         env_info["phases"]["latency"] = {"exit": code, "seconds": seconds, "last_line": last}
     (out / "env.json").write_text(json.dumps(env_info, indent=1))
     write_report(out, a.baseline)
     if refused:
-        print("nightly: a phase's pytest refused its arguments or a setting (exit 4; nightly.log says which)",
-              file=sys.stderr, flush=True)
+        print(
+            "nightly: a phase's pytest refused its arguments or a setting (exit 4; nightly.log says which)",
+            file=sys.stderr,
+            flush=True,
+        )
         return cli.INPUT
     empty = nothing_tested(out, arch) if worst == 0 else None
     if empty:

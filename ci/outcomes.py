@@ -10,6 +10,7 @@ A test belongs to the implementation whose name stands in its parameter id (``te
 known name wins, so ``..._pull_cutedsl[blockwise]`` is not taken for its base name); tests of no implementation
 are counted under ``-``. The known names are the registered implementations and FlashInfer routing ops.
 """
+
 from __future__ import annotations
 
 import re
@@ -68,16 +69,25 @@ def render(cells: dict[tuple[str, str], Counter]) -> str:
 
 
 def differences(old: dict, new: dict) -> list[str]:
-    return [f"{impl} {ep}: " + ", ".join(f"{o} {old.get((impl, ep), Counter())[o]} -> {new.get((impl, ep), Counter())[o]}"
-                                         for o in OUTCOMES)
-            for impl, ep in sorted(set(old) | set(new)) if old.get((impl, ep)) != new.get((impl, ep))]
+    return [
+        f"{impl} {ep}: "
+        + ", ".join(f"{o} {old.get((impl, ep), Counter())[o]} -> {new.get((impl, ep), Counter())[o]}" for o in OUTCOMES)
+        for impl, ep in sorted(set(old) | set(new))
+        if old.get((impl, ep)) != new.get((impl, ep))
+    ]
 
 
 @cli.command("ci.outcomes")
 def main(argv=None) -> int:
-    p = cli.Parser("ci.outcomes", description=__doc__.split("\n\n")[0],
-                   codes={cli.OK: "read (and, given two, the same counts)", cli.VERDICT: "the two runs' counts differ",
-                          cli.INPUT: "a missing or unreadable JUnit file"})
+    p = cli.Parser(
+        "ci.outcomes",
+        description=__doc__.split("\n\n")[0],
+        codes={
+            cli.OK: "read (and, given two, the same counts)",
+            cli.VERDICT: "the two runs' counts differ",
+            cli.INPUT: "a missing or unreadable JUnit file",
+        },
+    )
     p.add_argument("junit", nargs="+", type=Path, help="one JUnit file, or two (OLD NEW) to compare")
     a = p.parse_args(argv)
     if len(a.junit) > 2:
@@ -90,7 +100,9 @@ def main(argv=None) -> int:
         print(f"== {path}\n{render(cell)}")
     if len(cells) == 2:
         diff = differences(*cells)
-        print("\n".join(["== differences", *diff]) if diff else "== the same counts for every implementation and EP size")
+        print(
+            "\n".join(["== differences", *diff]) if diff else "== the same counts for every implementation and EP size"
+        )
         return cli.VERDICT if diff else cli.OK
     return cli.OK
 

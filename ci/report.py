@@ -13,6 +13,7 @@ exact zeros labelled); drawn cases per minute; where the ranks were placed; the 
 gone); the latency table; versions and phases; each cell's details. Where ``$GITHUB_STEP_SUMMARY`` is set (a GitHub
 Actions step) report.md is appended to it.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,18 +27,24 @@ from fixtures.results import case_records, junit_outcomes, latency_rows, left_ru
 from fixtures.results import text as results_text
 from tools import bench_cases
 
-CODES = {0: "the report was written (with --baseline: and ci.compare_runs found no regression)",
-         1: "the report was written, and ci.compare_runs calls this run a regression of the baseline",
-         cli.INPUT: "unusable input: the folder is missing, holds no results or a malformed file; or the baseline is "
-            "missing, malformed or incomparable (the report says why); or folders that are not one run's shards "
-            "(a test in two shards, a summary.json off its schema)"}
+CODES = {
+    0: "the report was written (with --baseline: and ci.compare_runs found no regression)",
+    1: "the report was written, and ci.compare_runs calls this run a regression of the baseline",
+    cli.INPUT: "unusable input: the folder is missing, holds no results or a malformed file; or the baseline is "
+    "missing, malformed or incomparable (the report says why); or folders that are not one run's shards "
+    "(a test in two shards, a summary.json off its schema)",
+}
 # a phase's exit codes beyond pass (0), failed tests (1) and nothing tested (5), short forms of cli.EXIT_CODES; 124:
 # the phase's timeout
-EXIT_MEANING = {cli.INTERRUPTED: "interrupted", cli.INTERNAL: "internal error",
-                cli.INPUT: "pytest usage error: no test ran",
-                cli.INCOMPLETE: "no verdict: a server or GPU was not there",
-                124: "timed out",
-                127: "a command not found, or the dynamic loader ended the process", 139: "segmentation fault"}
+EXIT_MEANING = {
+    cli.INTERRUPTED: "interrupted",
+    cli.INTERNAL: "internal error",
+    cli.INPUT: "pytest usage error: no test ran",
+    cli.INCOMPLETE: "no verdict: a server or GPU was not there",
+    124: "timed out",
+    127: "a command not found, or the dynamic loader ended the process",
+    139: "segmentation fault",
+}
 
 
 def findings_table(folder: Path) -> list[tuple[str, str, str, str]]:
@@ -59,13 +66,18 @@ def plots(cases: list, out: Path) -> list[Path]:
 def _alarms(folder: Path, phases: dict) -> list[str]:
     """A phase that failed outright (a usage error, a crash, a timeout) and a process that died inside a test: a
     report of no tests is no pass."""
-    alarms = [f"**pytest ended inside `{test}`** ({'process ' + worker if worker.rsplit('/', 1)[-1] != 'main' else 'its process'} died "
-              "there without finishing the session: no summary, no JUnit entries for the rest)"
-              for worker, test in left_running(folder).items()]
-    alarms += [f"**FAILED: phase {name} exited {ph.get('exit')}** "
-               f"({EXIT_MEANING.get(ph.get('exit'), 'see nightly.log')})"
-               + (f"; its last output: `{ph['last_line'].replace('`', chr(39))}`" if ph.get("last_line") else "")
-               for name, ph in phases.items() if ph.get("exit") not in (0, 1, 5)]
+    alarms = [
+        f"**pytest ended inside `{test}`** ({'process ' + worker if worker.rsplit('/', 1)[-1] != 'main' else 'its process'} died "
+        "there without finishing the session: no summary, no JUnit entries for the rest)"
+        for worker, test in left_running(folder).items()
+    ]
+    alarms += [
+        f"**FAILED: phase {name} exited {ph.get('exit')}** "
+        f"({EXIT_MEANING.get(ph.get('exit'), 'see nightly.log')})"
+        + (f"; its last output: `{ph['last_line'].replace('`', chr(39))}`" if ph.get("last_line") else "")
+        for name, ph in phases.items()
+        if ph.get("exit") not in (0, 1, 5)
+    ]
     return [line for alarm in alarms for line in (alarm, "")]  # each its own paragraph
 
 
@@ -77,8 +89,11 @@ def _environment(env: dict) -> list[str]:
     if phases:  # how long the job took, per phase and in all (a dict in one cell is not read)
         total = sum(ph.get("seconds") or 0 for ph in phases.values())
         parts += ["| phase | exit | s | last output |", "|---|---|---|---|"]
-        parts += [f"| {name} | {ph.get('exit')} | {ph.get('seconds')} | "
-                  f"{str(ph.get('last_line', '')).replace('|', '/')[:200]} |" for name, ph in phases.items()]
+        parts += [
+            f"| {name} | {ph.get('exit')} | {ph.get('seconds')} | "
+            f"{str(ph.get('last_line', '')).replace('|', '/')[:200]} |"
+            for name, ph in phases.items()
+        ]
         parts += [f"| phases summed | | {round(total, 1)} | |", ""]
     return parts
 
@@ -95,8 +110,9 @@ def _findings_and_latency(folder: Path) -> list[str]:
     return parts
 
 
-def markdown(folder: Path, images: list[Path], comparison: tuple[Path, int, list[str]] | None = None,
-             cases: list | None = None) -> str:
+def markdown(
+    folder: Path, images: list[Path], comparison: tuple[Path, int, list[str]] | None = None, cases: list | None = None
+) -> str:
     """The report; ``comparison``: (baseline folder, ci.compare_runs' code and lines) when there is a baseline;
     ``cases``: the folder's per-case records, if read already."""
     env = json.loads((folder / "env.json").read_text()) if (folder / "env.json").exists() else {}
@@ -111,18 +127,28 @@ def markdown(folder: Path, images: list[Path], comparison: tuple[Path, int, list
     parts += ["## Skip reasons", "", *report_outcomes.skip_table(found)]
     parts += report_failures.section(folder, found, junit_outcomes(folder))
     cases = list(case_records(folder)) if cases is None else cases
-    parts += ["## Errors against their bounds, per backend and EP size", "",
-              *report_bounds.table(report_bounds.points(cases))]
+    parts += [
+        "## Errors against their bounds, per backend and EP size",
+        "",
+        *report_bounds.table(report_bounds.points(cases)),
+    ]
     parts += ["## Error distributions", ""] + [f"![{p.stem}](plots/{p.name})" for p in images] + [""]
     placements = {(rec.impl, rec.ep): rec.placement for rec in cases if rec.placement}
-    parts += ["## Cases per minute and where the ranks were placed", "",
-              bench_cases.table(bench_cases.summarise(cases)), ""]
+    parts += [
+        "## Cases per minute and where the ranks were placed",
+        "",
+        bench_cases.table(bench_cases.summarise(cases)),
+        "",
+    ]
     if placements:
         parts += ["| impl | EP | ranks placed |", "|---|---|---|"]
         parts += [f"| {impl} | {ep} | {where} |" for (impl, ep), where in sorted(placements.items())] + [""]
     parts += _findings_and_latency(folder) + _environment(env)
-    parts += ["## Details per backend and EP size", "",
-              *report_outcomes.details(found, report_failures.by_test(folder, found))]
+    parts += [
+        "## Details per backend and EP size",
+        "",
+        *report_outcomes.details(found, report_failures.by_test(folder, found)),
+    ]
     return "\n".join(parts) + "\n"
 
 
@@ -143,13 +169,20 @@ def write(folder: Path, baseline: Path | None = None, comparison=None, out: Path
 def readable(folder: Path) -> None:
     """Raise an InputError unless ``folder`` is a results folder whose files parse (JSON lines, JUnit XML, JSON)."""
     if not folder.is_dir():
-        raise cli.InputError(f"{folder} {'is not a folder' if folder.exists() else 'does not exist'}; give a results "
-                             "folder (pytest's --results-dir, or ci.nightly's --out)")
-    files = [p for p in sorted(folder.rglob("*")) if p.is_file() and p.name.removesuffix(".gz").endswith(
-        (".jsonl", ".xml", ".json"))]
+        raise cli.InputError(
+            f"{folder} {'is not a folder' if folder.exists() else 'does not exist'}; give a results "
+            "folder (pytest's --results-dir, or ci.nightly's --out)"
+        )
+    files = [
+        p
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name.removesuffix(".gz").endswith((".jsonl", ".xml", ".json"))
+    ]
     if not files:
-        raise cli.InputError(f"{folder} holds no results (junit*.xml, cases-*.jsonl, env.json, plain or .gz); give "
-                             "a results folder (pytest's --results-dir, or ci.nightly's --out)")
+        raise cli.InputError(
+            f"{folder} holds no results (junit*.xml, cases-*.jsonl, env.json, plain or .gz); give "
+            "a results folder (pytest's --results-dir, or ci.nightly's --out)"
+        )
     for path in files:
         try:
             text = results_text(path)
@@ -160,20 +193,33 @@ def readable(folder: Path) -> None:
             else:
                 json.loads(text)
         except (OSError, UnicodeDecodeError, ValueError, ElementTree.ParseError) as err:  # json's errors: ValueError
-            raise cli.InputError(f"{path} is malformed ({err}); the suite writes JSON lines, JUnit XML and JSON, "
-                                 "plain or gzipped") from None
+            raise cli.InputError(
+                f"{path} is malformed ({err}); the suite writes JSON lines, JUnit XML and JSON, plain or gzipped"
+            ) from None
 
 
 @cli.command("ci.report")
 def main(argv=None) -> int:
     p = cli.Parser("ci.report", description=__doc__.splitlines()[0], codes=CODES)
-    p.add_argument("folders", nargs="+", type=Path, metavar="folder",
-                   help="a results folder (pytest's --results-dir, a run folder in it, ci.nightly's --out); several: "
-                        "the shards of one run, merged into --out (ci.runs)")
-    p.add_argument("--baseline", type=Path, help="a previous run's results folder: ci.compare_runs' verdict against "
-                                                 "it heads the report")
-    p.add_argument("--out", type=Path, help="where to write the report (default: the results folder; with several "
-                                            "folders, required: they are merged there)")
+    p.add_argument(
+        "folders",
+        nargs="+",
+        type=Path,
+        metavar="folder",
+        help="a results folder (pytest's --results-dir, a run folder in it, ci.nightly's --out); several: "
+        "the shards of one run, merged into --out (ci.runs)",
+    )
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        help="a previous run's results folder: ci.compare_runs' verdict against it heads the report",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="where to write the report (default: the results folder; with several "
+        "folders, required: they are merged there)",
+    )
     a = p.parse_args(argv)
     for folder in a.folders:
         readable(folder)

@@ -1,5 +1,6 @@
 """What changed since a previous run (``--baseline DIR``): ci.compare_runs' verdict for the report's top, and its
 lines and side-by-side table; and the report as a GitHub Actions job summary."""
+
 from __future__ import annotations
 
 import os
@@ -26,8 +27,10 @@ def headline(baseline: Path, code: int, lines: list[str]) -> str:
     regressions, warnings = (sum(line.startswith(word) for line in lines) for word in ("REGRESSION", "WARNING"))
     counts = [f"{n} {what} lines" for n, what in ((regressions, "regression"), (warnings, "warning")) if n]
     what = f": {lines[0]}" if code == cli.INPUT and lines else (": " + ", ".join(counts) if counts else "")
-    return (f"**Against the baseline `{baseline}` (ci.compare_runs): verdict {VERDICTS[code]}**{what} "
-            "([what changed](#what-changed-since-the-baseline))")
+    return (
+        f"**Against the baseline `{baseline}` (ci.compare_runs): verdict {VERDICTS[code]}**{what} "
+        "([what changed](#what-changed-since-the-baseline))"
+    )
 
 
 def section(code: int, lines: list[str]) -> list[str]:
@@ -58,8 +61,10 @@ def job_summary(report_md: Path, environ=None) -> Path | None:
     if images:
         text += f"\n{len(images)} plots: `plots/` and `report.html` in the job's artifact\n"
     if len(text.encode()) > SUMMARY_LIMIT:
-        text = text.encode()[:SUMMARY_LIMIT - 200].decode(errors="ignore") + \
-            "\n\n(cut at GitHub's size limit for a job summary: report.md in the job's artifact is whole)\n"
+        text = (
+            text.encode()[: SUMMARY_LIMIT - 200].decode(errors="ignore")
+            + "\n\n(cut at GitHub's size limit for a job summary: report.md in the job's artifact is whole)\n"
+        )
     with open(target, "a") as fh:
         fh.write(text)
     return Path(target)

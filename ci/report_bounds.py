@@ -2,6 +2,7 @@
 (fixtures.results), for older records the backend's effective one; the global bounds widened for an output of few
 tokens (reference.numerics.Tolerance.global_bounds); the systematic gain's floor plus its t * standard error
 (fixtures.systematic). The report's table and its plots read these points."""
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,13 @@ if TYPE_CHECKING:
     from reference.numerics import Tolerance
 
 # statistic -> (label, whether its bound is a lower one)
-STATISTICS = {"rel_l2": ("relative L2", False), "cosine": ("cosine", True),
-              "row_rel_max": ("worst token, relative", False), "band_units_max": ("worst element, band units", False),
-              "gain": ("abs(gain - 1)", False)}
+STATISTICS = {
+    "rel_l2": ("relative L2", False),
+    "cosine": ("cosine", True),
+    "row_rel_max": ("worst token, relative", False),
+    "band_units_max": ("worst element, band units", False),
+    "gain": ("abs(gain - 1)", False),
+}
 
 
 @dataclass(frozen=True)
@@ -59,8 +64,14 @@ def as_tolerance(fields: dict) -> Tolerance:
     from reference.numerics import Systematic, Tolerance  # here: torch's import (~2 s) only where records are read
 
     systematic = fields.get("systematic")
-    return Tolerance(**{**fields, "systematic": Systematic(**{**systematic, "resolution": tuple(
-        systematic["resolution"])}) if systematic else None})
+    return Tolerance(
+        **{
+            **fields,
+            "systematic": Systematic(**{**systematic, "resolution": tuple(systematic["resolution"])})
+            if systematic
+            else None,
+        }
+    )
 
 
 def _rows(scenario: str, batch, rank) -> int | None:
@@ -88,15 +99,17 @@ def points(cases: list, tolerances: dict[str, dict | None] | None = None) -> lis
                     continue
                 rel, cos = tol.global_bounds(rows or 0)
                 out.append(Point(rec.impl, rec.ep, "rel_l2", m["rel_l2"], rel, rows))
-                for stat, bound in (("cosine", cos), ("row_rel_max", tol.row_rel_l2),
-                                    ("band_units_max", tol.band_c)):
+                for stat, bound in (("cosine", cos), ("row_rel_max", tol.row_rel_l2), ("band_units_max", tol.band_c)):
                     if stat in m:
                         out.append(Point(rec.impl, rec.ep, stat, m[stat], bound, rows))
             gain = m.get("systematic", {}).get("gain")
             if gain:  # [value, robust standard error, tokens]; older records lack the tokens: k normal sigmas
                 k = tol.systematic.k if tol is not None and tol.systematic else None
-                bound = (tol.systematic.gain_floor + (t_multiplier(k, gain[2]) if len(gain) > 2 else k) * gain[1]
-                         if k is not None else None)
+                bound = (
+                    tol.systematic.gain_floor + (t_multiplier(k, gain[2]) if len(gain) > 2 else k) * gain[1]
+                    if k is not None
+                    else None
+                )
                 out.append(Point(rec.impl, rec.ep, "gain", abs(gain[0] - 1), bound, None))
     return out
 
@@ -137,10 +150,13 @@ def table(found: list[Point]) -> list[str]:
             closest[key][p.stat] = p
     if not closest:
         return ["no per-case records", ""]
-    lines = ["Each cell: the check closest to its bound, `figure ≤ bound` (`≥` for the cosine), the global bounds "
-             "widened for an output of few tokens (`tok`); abs(gain - 1) against its floor plus t standard errors.", "",
-             "| impl | EP | checks | " + " | ".join(label for label, _ in STATISTICS.values()) + " |",
-             "|---|---|---|" + "---|" * len(STATISTICS)]
+    lines = [
+        "Each cell: the check closest to its bound, `figure ≤ bound` (`≥` for the cosine), the global bounds "
+        "widened for an output of few tokens (`tok`); abs(gain - 1) against its floor plus t standard errors.",
+        "",
+        "| impl | EP | checks | " + " | ".join(label for label, _ in STATISTICS.values()) + " |",
+        "|---|---|---|" + "---|" * len(STATISTICS),
+    ]
     for (impl, ep), stats in sorted(closest.items()):
         cells = [figure(stats[s]) if s in stats else "" for s in STATISTICS]
         lines.append(f"| {impl} | {ep} | {checks[(impl, ep)]} | " + " | ".join(cells) + " |")

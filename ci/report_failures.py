@@ -2,6 +2,7 @@
 (fixtures.results) or else from pytest's report in the JUnit file; then failure records no failed test explains
 (a folder without JUnit files). Records a test expected (a fault wrapper caught, a finding's xfail) are counted,
 not listed."""
+
 from __future__ import annotations
 
 import re
@@ -15,7 +16,7 @@ def reproduction(text: str) -> str:
     """The ``reproduce: python -m ci.repro ...`` line of a failure's message or report, "" if it has none."""
     for line in text.splitlines():
         if "reproduce:" in line:
-            return line[line.index("reproduce:"):].strip()
+            return line[line.index("reproduce:") :].strip()
     return ""
 
 
@@ -33,8 +34,10 @@ def by_test(folder: Path, found: list[Test]) -> dict[str, tuple[str, str]]:
     for t in found:
         if t.outcome == "failed":
             message = recorded.get(t.nodeid, "")
-            out[t.nodeid] = (first_line(message or t.text or t.message),
-                             reproduction(message) or reproduction(t.text) or reproduction(t.message))
+            out[t.nodeid] = (
+                first_line(message or t.text or t.message),
+                reproduction(message) or reproduction(t.text) or reproduction(t.message),
+            )
     return out
 
 
@@ -45,8 +48,12 @@ def section(folder: Path, found: list[Test], outcomes: dict[str, str]) -> list[s
     failed_ids = {t.nodeid for t in failed}
     expected = [r for r in recorded if expected_by_its_test(r, outcomes)]
     loose = [r for r in recorded if not expected_by_its_test(r, outcomes) and r.get("test") not in failed_ids]
-    note = (f"; {len(expected)} failure records were expected by their tests (fault wrappers caught, findings' "
-            "xfails) and are not listed" if expected else "")
+    note = (
+        f"; {len(expected)} failure records were expected by their tests (fault wrappers caught, findings' "
+        "xfails) and are not listed"
+        if expected
+        else ""
+    )
     lines = [f"## Failures ({len(failed)} failed tests{note})", ""] + ([] if failed or loose else ["none"])
     for t in failed:
         first, repro = lines_of[t.nodeid]
@@ -54,8 +61,12 @@ def section(folder: Path, found: list[Test], outcomes: dict[str, str]) -> list[s
         lines += [f"  `{repro[:600]}`"] if repro else []
     seen = set()
     if loose:
-        lines += ["", f"Failure records of no failed test in the JUnit files ({len(loose)}; without JUnit files "
-                      "a record's test outcome is unknown):", ""]
+        lines += [
+            "",
+            f"Failure records of no failed test in the JUnit files ({len(loose)}; without JUnit files "
+            "a record's test outcome is unknown):",
+            "",
+        ]
     for r in loose:
         first = r["message"].splitlines()[0]
         key = re.sub(r"[0-9.e+-]+", "#", first)[:160]  # one line per kind of failure, not per drawn case

@@ -1,5 +1,6 @@
 """The report's outcome matrix (rows backends, columns EP sizes), its cells' details and the skip reasons grouped,
 from a results folder's JUnit files (plain or .gz; ci.outcomes names each test's implementation and EP size)."""
+
 from __future__ import annotations
 
 import re
@@ -51,11 +52,11 @@ def short_reason(message: str, impl: str) -> str:
     ' (' or '; ' (``sm90_x needs one GPU per rank: EP2 needs 2 SM90 GPUs`` -> ``needs one GPU per rank``)."""
     text = " ".join(message.split())
     if impl != NO_IMPL and text.startswith(impl):
-        text = text[len(impl):].lstrip(": ")
+        text = text[len(impl) :].lstrip(": ")
     # the shortest head of three words or more: "supports sm90" alone would not say why
-    heads = [text[:m.start()] for m in re.finditer(r": | \(|; ", text)] + [text]
+    heads = [text[: m.start()] for m in re.finditer(r": | \(|; ", text)] + [text]
     text = next(h for h in heads if len(h.split()) >= 3 or h is heads[-1]).strip().rstrip(",;:") or "no reason given"
-    return text if len(text) <= _SHORT else text[:_SHORT - 1] + "…"
+    return text if len(text) <= _SHORT else text[: _SHORT - 1] + "…"
 
 
 def slug(heading: str) -> str:
@@ -90,7 +91,7 @@ def cell_text(group: list[Test]) -> str:
         reasons = {short_reason(t.message, t.impl) for t in group}
         return f"skipped ({len(group)})" + (f": {reasons.pop()}" if len(reasons) == 1 else "")
     if len(counts) == 1:
-        (outcome, n), = counts.items()
+        ((outcome, n),) = counts.items()
         return f"**{outcome} ({n})**" if outcome == "failed" else f"{outcome} ({n})"
     order = ("failed", "passed", "skipped", "xfailed")
     return ", ".join(f"**{counts[o]} failed**" if o == "failed" else f"{counts[o]} {o}" for o in order if counts[o])
@@ -121,11 +122,17 @@ def matrix(found: list[Test]) -> list[str]:
         return ["no JUnit file: no test ran, or the run ended before pytest wrote one", ""]
     total = Counter(t.outcome for t in found)
     columns = _columns(grid)
-    lines = [", ".join(f"{total[o]} {o}" for o in outcomes.OUTCOMES if total[o]) + f" ({len(found)} tests)", "",
-             "| backend | " + " | ".join(ep_label(ep) for ep in columns) + " |", "|---|" + "---|" * len(columns)]
+    lines = [
+        ", ".join(f"{total[o]} {o}" for o in outcomes.OUTCOMES if total[o]) + f" ({len(found)} tests)",
+        "",
+        "| backend | " + " | ".join(ep_label(ep) for ep in columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
     for impl in _rows(grid):
-        row = [f"[{_link_text(cell_text(grid[(impl, ep)]))}](#{slug(heading(impl, ep))})" if (impl, ep) in grid
-               else "" for ep in columns]
+        row = [
+            f"[{_link_text(cell_text(grid[(impl, ep)]))}](#{slug(heading(impl, ep))})" if (impl, ep) in grid else ""
+            for ep in columns
+        ]
         lines.append(f"| {impl_label(impl)} | " + " | ".join(row) + " |")
     return lines + [""]
 
@@ -136,8 +143,10 @@ def skip_groups(found: list[Test]) -> dict[str, dict]:
     for t in found:
         if t.outcome != "skipped":
             continue
-        group = out.setdefault(short_reason(t.message, t.impl), {"count": 0, "where": defaultdict(set),
-                                                                 "example": " ".join(t.message.split())})
+        group = out.setdefault(
+            short_reason(t.message, t.impl),
+            {"count": 0, "where": defaultdict(set), "example": " ".join(t.message.split())},
+        )
         group["count"] += 1
         group["where"][t.impl].add(t.ep)
     return dict(sorted(out.items(), key=lambda kv: (-kv[1]["count"], kv[0])))
@@ -149,8 +158,10 @@ def skip_table(found: list[Test]) -> list[str]:
         return ["no test skipped", ""]
     lines = ["| reason | tests | backends (EP sizes) | one in full |", "|---|---|---|---|"]
     for reason, g in groups.items():
-        where = "; ".join(f"{impl_label(impl)} ({', '.join(ep_label(e) for e in _columns((0, e) for e in eps))})"
-                          for impl, eps in sorted(g["where"].items()))
+        where = "; ".join(
+            f"{impl_label(impl)} ({', '.join(ep_label(e) for e in _columns((0, e) for e in eps))})"
+            for impl, eps in sorted(g["where"].items())
+        )
         lines.append(f"| {_cell(reason)} | {g['count']} | {_cell(where)} | {_cell(g['example'][:200])} |")
     return lines + [""]
 
@@ -165,8 +176,12 @@ def details(found: list[Test], failures: dict[str, tuple[str, str]]) -> list[str
             if not group:
                 continue
             counts = Counter(t.outcome for t in group)
-            lines += [f"### {heading(impl, ep)}", "",
-                      ", ".join(f"{counts[o]} {o}" for o in outcomes.OUTCOMES if counts[o]), ""]
+            lines += [
+                f"### {heading(impl, ep)}",
+                "",
+                ", ".join(f"{counts[o]} {o}" for o in outcomes.OUTCOMES if counts[o]),
+                "",
+            ]
             for kind in ("skipped", "xfailed"):
                 reasons = Counter(short_reason(t.message, t.impl) for t in group if t.outcome == kind)
                 lines += [f"- {kind} ({n}): {reason}" for reason, n in reasons.most_common()]

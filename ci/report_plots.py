@@ -2,6 +2,7 @@
 small-output widening of Tolerance.global_bounds drawn as a curve, the plain bound dotted); the worst token, the
 worst element and the systematic gain against their bounds; cases per minute. An exact zero has no place on a log
 axis: it is drawn at a floor below every other value and labelled so."""
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,10 @@ STRIPS = ("row_rel_max", "band_units_max", "gain")  # statistics whose bound doe
 
 def _pyplot():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -32,18 +35,23 @@ def _zeros(ax, xs, floor, horizontal: bool) -> None:
         return
     if horizontal:  # strip plot: values on x
         ax.scatter([floor] * len(xs), xs, marker="x", color=ZERO, s=14)
-        ax.annotate(f"{len(xs)} exact 0", (floor, xs[0]), fontsize=6, color=ZERO, xytext=(3, 3),
-                    textcoords="offset points")
+        ax.annotate(
+            f"{len(xs)} exact 0", (floor, xs[0]), fontsize=6, color=ZERO, xytext=(3, 3), textcoords="offset points"
+        )
     else:
         ax.scatter(xs, [floor] * len(xs), marker="v", color=ZERO, s=14)
-        ax.annotate(f"{len(xs)} exact 0", (xs[0], floor), fontsize=6, color=ZERO, xytext=(3, 3),
-                    textcoords="offset points")
+        ax.annotate(
+            f"{len(xs)} exact 0", (xs[0], floor), fontsize=6, color=ZERO, xytext=(3, 3), textcoords="offset points"
+        )
 
 
 def _legend(fig, entries) -> None:
     from matplotlib.lines import Line2D
-    handles = [Line2D([], [], color=color, linestyle=style, marker=marker, linewidth=0 if marker else 1.5, label=label)
-               for color, style, marker, label in entries]
+
+    handles = [
+        Line2D([], [], color=color, linestyle=style, marker=marker, linewidth=0 if marker else 1.5, label=label)
+        for color, style, marker, label in entries
+    ]
     fig.legend(handles=handles, loc="upper center", ncol=2, fontsize=7, frameon=False)
 
 
@@ -53,8 +61,14 @@ def rel_l2_figure(points: list[Point], tolerances: dict):
     plt = _pyplot()
     pts = [p for p in points if p.stat == "rel_l2"]
     impls, eps = sorted({p.impl for p in pts}), sorted({p.ep for p in pts})
-    fig, axes = plt.subplots(len(impls), len(eps), figsize=(2.9 * len(eps) + 0.8, 1.75 * len(impls) + 1.4),
-                             sharex=True, sharey="row", squeeze=False)
+    fig, axes = plt.subplots(
+        len(impls),
+        len(eps),
+        figsize=(2.9 * len(eps) + 0.8, 1.75 * len(impls) + 1.4),
+        sharex=True,
+        sharey="row",
+        squeeze=False,
+    )
     most = max((p.rows or 1 for p in pts), default=1)
     for i, impl in enumerate(impls):
         floor = zero_floor(p.value for p in pts if p.impl == impl)  # a row's own: a backend's range stays readable
@@ -67,11 +81,19 @@ def rel_l2_figure(points: list[Point], tolerances: dict):
                 ax.text(0.5, 0.5, "no cases", transform=ax.transAxes, ha="center", va="center", color=ZERO, fontsize=7)
                 continue
             plain = tol.rel_l2 if tol and not tol.bitwise else None
-            for color, chosen in ((None, [p for p in sel if p.value > 0 and not (plain and p.value > plain)]),
-                                  (WIDENED, [p for p in sel if plain and p.value > plain])):
+            for color, chosen in (
+                (None, [p for p in sel if p.value > 0 and not (plain and p.value > plain)]),
+                (WIDENED, [p for p in sel if plain and p.value > plain]),
+            ):
                 if chosen:
-                    ax.scatter([p.rows or 1 for p in chosen], [p.value for p in chosen], s=16 if color else 7,
-                               alpha=1 if color else 0.6, color=color, zorder=3 if color else 2)
+                    ax.scatter(
+                        [p.rows or 1 for p in chosen],
+                        [p.value for p in chosen],
+                        s=16 if color else 7,
+                        alpha=1 if color else 0.6,
+                        color=color,
+                        zorder=3 if color else 2,
+                    )
             _zeros(ax, [p.rows or 1 for p in sel if p.value == 0], floor, horizontal=False)
             if plain:
                 sizes = range(1, max(most, 2) + 1)  # every output size: the bound is defined per token count
@@ -84,10 +106,15 @@ def rel_l2_figure(points: list[Point], tolerances: dict):
         ax.tick_params(labelsize=6)
     fig.supxlabel("tokens in the output (one rank, one batch)", fontsize=8)
     fig.supylabel("relative L2", fontsize=8, x=0.004)
-    _legend(fig, [(BOUND, "-", None, "bound for an output of n tokens (Tolerance.global_bounds)"),
-                  (BOUND, ":", None, "plain bound (rel_l2, many tokens)"),
-                  (WIDENED, "", "o", "beyond the plain bound, within the one for its size"),
-                  (ZERO, "", "v", "exact zero, drawn a decade below its row's smallest value")])
+    _legend(
+        fig,
+        [
+            (BOUND, "-", None, "bound for an output of n tokens (Tolerance.global_bounds)"),
+            (BOUND, ":", None, "plain bound (rel_l2, many tokens)"),
+            (WIDENED, "", "o", "beyond the plain bound, within the one for its size"),
+            (ZERO, "", "v", "exact zero, drawn a decade below its row's smallest value"),
+        ],
+    )
     _margins(fig, left=0.8, top=0.85, hspace=0.5)
     return fig
 
@@ -95,8 +122,9 @@ def rel_l2_figure(points: list[Point], tolerances: dict):
 def _margins(fig, left: float, top: float, hspace: float = 0.2) -> None:
     """Fixed margins in inches (tight_layout measures every tick label: seconds a figure)."""
     width, height = fig.get_size_inches()
-    fig.subplots_adjust(left=left / width, right=1 - 0.15 / width, bottom=0.6 / height, top=1 - top / height,
-                        wspace=0.12, hspace=hspace)
+    fig.subplots_adjust(
+        left=left / width, right=1 - 0.15 / width, bottom=0.6 / height, top=1 - top / height, wspace=0.12, hspace=hspace
+    )
 
 
 def strip_figure(stat: str, points: list[Point], tolerances: dict):
@@ -105,8 +133,9 @@ def strip_figure(stat: str, points: list[Point], tolerances: dict):
     plt = _pyplot()
     pts = [p for p in points if p.stat == stat]
     impls, eps = sorted({p.impl for p in pts}), sorted({p.ep for p in pts})
-    fig, axes = plt.subplots(1, len(eps), figsize=(3.0 * len(eps) + 3.0, 0.42 * len(impls) + 1.8), sharey=True,
-                             sharex=True, squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(eps), figsize=(3.0 * len(eps) + 3.0, 0.42 * len(impls) + 1.8), sharey=True, sharex=True, squeeze=False
+    )
     floor = zero_floor(p.value for p in pts)
     for j, ep in enumerate(eps):
         ax = axes[0][j]
@@ -160,8 +189,9 @@ def write(points: list[Point], tolerances: dict, rates: dict, out: Path) -> list
     figures = []
     if any(p.stat == "rel_l2" for p in points):
         figures.append(("rel_l2", rel_l2_figure(points, tolerances)))
-    figures += [(stat, strip_figure(stat, points, tolerances)) for stat in STRIPS
-                if any(p.stat == stat for p in points)]
+    figures += [
+        (stat, strip_figure(stat, points, tolerances)) for stat in STRIPS if any(p.stat == stat for p in points)
+    ]
     if rates:
         figures.append(("cases_per_minute", rates_figure(rates)))
     made = []

@@ -7,6 +7,7 @@ registry (fixtures.checks.CHECKS), and prints the verdict of each. Exit 0: every
 failed (reproduced); 4: unusable input (a scenario that is not JSON or not a valid scenario, an unknown
 implementation or check), said in one line before anything runs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -35,7 +36,7 @@ def _schema_of(cls, required=None) -> dict:
     for f in dataclasses.fields(cls):
         kinds = [k.strip() for k in str(f.type).split("|")]
         base = next(k for k in kinds if k != "None")
-        item = base[len("tuple["):].split(",")[0] if base.startswith("tuple[") else None
+        item = base[len("tuple[") :].split(",")[0] if base.startswith("tuple[") else None
         nested = {"LayerCase": LayerCase, "BatchCase": BatchCase}.get(item or base)
         one = _schema_of(nested) if nested else {"type": _TYPES[item or base]}
         if f.name == "tokens":
@@ -48,8 +49,11 @@ def _schema_of(cls, required=None) -> dict:
         if f.name in _CHOICES:
             schema["enum"] = _CHOICES[f.name]
         props[f.name] = {"anyOf": [schema, {"type": "null"}]} if "None" in kinds else schema
-    needed = [f.name for f in dataclasses.fields(cls)
-              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    needed = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
     return {"type": "object", "properties": props, "required": required or needed, "additionalProperties": False}
 
 
@@ -66,8 +70,9 @@ def scenario_from_line(text: str) -> Scenario:
         raise cli.InputError(f"--scenario is not a valid scenario: at {where}: {error.message}")
     scenario = Scenario.from_json(text)
     layer, ep = scenario.layer, scenario.ep_size
-    why = ((layer.top_k > layer.num_experts and f"top_k {layer.top_k} > num_experts {layer.num_experts}")
-           or (layer.num_experts % ep and f"num_experts {layer.num_experts} is not a multiple of ep_size {ep}"))
+    why = (layer.top_k > layer.num_experts and f"top_k {layer.top_k} > num_experts {layer.num_experts}") or (
+        layer.num_experts % ep and f"num_experts {layer.num_experts} is not a multiple of ep_size {ep}"
+    )
     for i, batch in enumerate(scenario.batches):
         if why:
             break
@@ -105,9 +110,15 @@ def verdicts(subject: Subject, scenario: Scenario, names: list[str], seed: int) 
 
 def parse(argv) -> tuple[Subject, Scenario, list[str], int]:
     """The subject, scenario, checks and seed a reproduction line names (an InputError if it names none)."""
-    p = cli.Parser("ci.repro", description="re-run one conformance case",
-                   codes={0: "every check passes (not reproduced)", 1: "a check failed (reproduced)",
-                          cli.INPUT: "unusable input: the scenario, implementation or checks (one line says which)"})
+    p = cli.Parser(
+        "ci.repro",
+        description="re-run one conformance case",
+        codes={
+            0: "every check passes (not reproduced)",
+            1: "a check failed (reproduced)",
+            cli.INPUT: "unusable input: the scenario, implementation or checks (one line says which)",
+        },
+    )
     p.add_argument("--impl", required=True, help="registered name or pkg.module:factory (python -m ci.backends)")
     p.add_argument("--scenario", required=True, help="the scenario JSON printed with the failure")
     p.add_argument("--checks", default="oracle,textbook", help=f"comma-separated subset of {list(CHECKS)}")
@@ -123,8 +134,10 @@ def parse(argv) -> tuple[Subject, Scenario, list[str], int]:
     except (LookupError, ValueError, TypeError) as err:
         raise cli.InputError(f"--impl: {err}") from None
     if scenario.ep_size not in implementation.capabilities.ep_sizes:
-        raise cli.InputError(f"--impl {a.impl} does not run at ep_size {scenario.ep_size}; it supports "
-                             f"{implementation.capabilities.ep_sizes}")
+        raise cli.InputError(
+            f"--impl {a.impl} does not run at ep_size {scenario.ep_size}; it supports "
+            f"{implementation.capabilities.ep_sizes}"
+        )
     return Subject(a.impl, implementation, scenario.ep_size), scenario, names, a.seed
 
 

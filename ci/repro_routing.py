@@ -6,6 +6,7 @@ Runs the FlashInfer routing op named in the case on GPU 0, compares it with refe
 the verdict. Exit 0: the op matches; 1: a mismatch or a crash (reproduced); 4: a case that is not JSON or not a
 routing case; 6: no CUDA GPU here to run it on.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,8 +19,12 @@ from fixtures.flashinfer.routing_check import RoutingCase, check
 from fixtures.flashinfer.routing_ops import BY_NAME
 from reference.routing import METHOD_TABLE
 
-CODES = {0: "the op matches the reference", 1: "a mismatch or a crash (reproduced)",
-         cli.INPUT: "unusable input: not JSON, or not a routing case", cli.INCOMPLETE: "no CUDA GPU here to run the op on"}
+CODES = {
+    0: "the op matches the reference",
+    1: "a mismatch or a crash (reproduced)",
+    cli.INPUT: "unusable input: not JSON, or not a routing case",
+    cli.INCOMPLETE: "no CUDA GPU here to run the op on",
+}
 
 
 def case_from_line(text: str) -> RoutingCase:
@@ -32,12 +37,16 @@ def case_from_line(text: str) -> RoutingCase:
     except TypeError as err:  # a key that is no field, one missing, or not an object at all
         raise cli.InputError(f"not a routing case ({err}); its keys: {', '.join(fields)}") from None
     try:
-        why = ((case.op not in BY_NAME and f"op {case.op!r} is not one of {sorted(BY_NAME)}")
-               or (case.method not in METHOD_TABLE and f"method {case.method!r} is not one of {sorted(METHOD_TABLE)}")
-               or (not isinstance(getattr(torch, str(case.dtype), None), torch.dtype)
-                   and f"dtype {case.dtype!r} is no torch dtype")
-               or (not 1 <= case.top_k <= case.experts and f"top_k {case.top_k} is not in 1..experts ({case.experts})")
-               or (case.tokens < 0 and f"tokens {case.tokens} < 0"))
+        why = (
+            (case.op not in BY_NAME and f"op {case.op!r} is not one of {sorted(BY_NAME)}")
+            or (case.method not in METHOD_TABLE and f"method {case.method!r} is not one of {sorted(METHOD_TABLE)}")
+            or (
+                not isinstance(getattr(torch, str(case.dtype), None), torch.dtype)
+                and f"dtype {case.dtype!r} is no torch dtype"
+            )
+            or (not 1 <= case.top_k <= case.experts and f"top_k {case.top_k} is not in 1..experts ({case.experts})")
+            or (case.tokens < 0 and f"tokens {case.tokens} < 0")
+        )
     except TypeError as err:  # a count that is no number
         why = f"a field has the wrong type ({err})"
     if why:

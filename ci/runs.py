@@ -12,6 +12,7 @@ the same N: the split is a partition, so such a pair of folders is not one run's
 run folder given twice. Runs without a shard (ci.nightly's phases, two plain sessions) may share tests: a reader
 keeps each test's worst outcome.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,12 +45,15 @@ def check(found: list[tuple[Path, dict]]) -> None:
     owner: dict[str, tuple[tuple[int, int], Path]] = {}
     sizes = {s["shard"]["n"] for _, s in found if s["shard"]}
     if len(sizes) > 1:
-        raise cli.InputError(f"shards of {' and '.join(map(str, sorted(sizes)))} parts: give the shards of one run, "
-                             "each K of the same N")
+        raise cli.InputError(
+            f"shards of {' and '.join(map(str, sorted(sizes)))} parts: give the shards of one run, each K of the same N"
+        )
     for path, summary in found:
         if summary["run"] in seen_runs:
-            raise cli.InputError(f"run {summary['run']} given twice ({seen_runs[summary['run']].parent} and "
-                                 f"{path.parent}): give each shard's folder once")
+            raise cli.InputError(
+                f"run {summary['run']} given twice ({seen_runs[summary['run']].parent} and "
+                f"{path.parent}): give each shard's folder once"
+            )
         seen_runs[summary["run"]] = path
         if not summary["shard"]:
             continue
@@ -57,9 +61,11 @@ def check(found: list[tuple[Path, dict]]) -> None:
         for test in summary["tests"]:
             other = owner.setdefault(test, (shard, path))
             if other[0] != shard:
-                raise cli.InputError(f"{test} ran in shard {other[0][0]}/{other[0][1]} ({other[1].parent}) and in shard "
-                                     f"{shard[0]}/{shard[1]} ({path.parent}): a test belongs to one shard; give the "
-                                     "folders of one run's shards")
+                raise cli.InputError(
+                    f"{test} ran in shard {other[0][0]}/{other[0][1]} ({other[1].parent}) and in shard "
+                    f"{shard[0]}/{shard[1]} ({path.parent}): a test belongs to one shard; give the "
+                    "folders of one run's shards"
+                )
 
 
 def merged_summary(found: list[tuple[Path, dict]]) -> dict | None:
@@ -80,12 +86,19 @@ def merged_summary(found: list[tuple[Path, dict]]) -> dict | None:
             if test not in tests or _WORST.index(outcome) >= _WORST.index(tests[test]):
                 tests[test] = outcome
     shards = sorted({(s["shard"]["k"], s["shard"]["n"]) for s in parts if s["shard"]})
-    return {"runs": [s["run"] for s in parts], "counts": counts, "matrix": matrix, "tests": dict(sorted(tests.items())),
-            "versions": parts[0]["versions"], "shards": [{"k": k, "n": n} for k, n in shards],
-            "implementations": sorted({i for s in parts for i in s["implementations"]}),
-            "ep_sizes": sorted({e for s in parts for e in s["ep_sizes"]}),
-            "exit_status": max((s["exit_status"] for s in parts), key=lambda code: (code != 0, code)),
-            "started": min(s["started"] for s in parts), "ended": max(s["ended"] for s in parts)}
+    return {
+        "runs": [s["run"] for s in parts],
+        "counts": counts,
+        "matrix": matrix,
+        "tests": dict(sorted(tests.items())),
+        "versions": parts[0]["versions"],
+        "shards": [{"k": k, "n": n} for k, n in shards],
+        "implementations": sorted({i for s in parts for i in s["implementations"]}),
+        "ep_sizes": sorted({e for s in parts for e in s["ep_sizes"]}),
+        "exit_status": max((s["exit_status"] for s in parts), key=lambda code: (code != 0, code)),
+        "started": min(s["started"] for s in parts),
+        "ended": max(s["ended"] for s in parts),
+    }
 
 
 def merge(folders: list[Path], out: Path) -> Path:

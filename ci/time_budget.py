@@ -21,6 +21,7 @@ Read from the per-test records (``tests-*.jsonl``, fixtures.time_spent) and the 
 before them (the H200 folders up to reference.evidence.RAW_RESTRUCTURE_UNCHANGED) is read from its per-case records
 and JUnit times: a pool start counts as case time, and the tests that write no per-case record (all but two) as idle.
 """
+
 from __future__ import annotations
 
 import json
@@ -105,9 +106,15 @@ def tally(tests: list[Spent]) -> dict:
     for key, group in groups.items():
         builds = [b for t in group for b in t.builds]
         compile_s = sum(compiles(builds))
-        row = {"tests": len(group), "pool start": sum(t.pool_start for t in group), "compiles": compile_s,
-               "layer builds": sum(b + ff for _, b, ff in builds) - compile_s, "cases": sum(t.case for t in group),
-               "checks": sum(t.check for t in group), "total": sum(t.seconds for t in group)}
+        row = {
+            "tests": len(group),
+            "pool start": sum(t.pool_start for t in group),
+            "compiles": compile_s,
+            "layer builds": sum(b + ff for _, b, ff in builds) - compile_s,
+            "cases": sum(t.case for t in group),
+            "checks": sum(t.check for t in group),
+            "total": sum(t.seconds for t in group),
+        }
         row["idle"] = row["total"] - sum(row[p] for p in PARTS[:-1])
         rows[key] = row
     return rows
@@ -140,8 +147,21 @@ def from_test_records(folder: Path, since: float = 0.0, session=None) -> Budget 
     rows = [r for r in records(folder, "tests") if r["time"] >= since and session in (None, r.get("session"))]
     if not rows:
         return None
-    tests = [Spent(r["impl"], r["ep"], r["seconds"], r["pool_start"], r["case"], r["check"], r["builds"],
-                   r.get("worker", "main"), r["time"], r.get("session")) for r in rows]
+    tests = [
+        Spent(
+            r["impl"],
+            r["ep"],
+            r["seconds"],
+            r["pool_start"],
+            r["case"],
+            r["check"],
+            r["builds"],
+            r.get("worker", "main"),
+            r["time"],
+            r.get("session"),
+        )
+        for r in rows
+    ]
     spans, by_session = _sessions(folder, since, session), defaultdict(list)
     for t in tests:
         by_session[t.session].append(t)
@@ -204,18 +224,23 @@ def budget(folder: Path | str, since: float = 0.0, session=None) -> Budget | Non
 
 def _cells(b: Budget) -> list[list[str]]:
     head = ["implementation", "EP", "tests", *PARTS, "total"]
-    rows = [(f"{impl}" if impl else "(no implementation)", str(ep) if impl else "", row)
-            for (impl, ep), row in sorted(b.rows.items(), key=lambda kv: (kv[0] == NO_IMPL, kv[0]))]
+    rows = [
+        (f"{impl}" if impl else "(no implementation)", str(ep) if impl else "", row)
+        for (impl, ep), row in sorted(b.rows.items(), key=lambda kv: (kv[0] == NO_IMPL, kv[0]))
+    ]
     rows.append(("all tests", "", b.all_tests()))
-    return [head] + [[name, ep, str(int(row["tests"]))] + [f"{row[p]:.1f}" for p in (*PARTS, "total")]
-                     for name, ep, row in rows]
+    return [head] + [
+        [name, ep, str(int(row["tests"]))] + [f"{row[p]:.1f}" for p in (*PARTS, "total")] for name, ep, row in rows
+    ]
 
 
 def _session_line(b: Budget) -> str:
     startup = f"{b.startup + b.wall:.1f} s = {b.startup:.1f} s start-up (imports, before pytest's clock) + "
     startup = startup if b.startup else ""  # the JUnit times have none
-    return (f"session: {startup}{b.wall:.1f} s pytest's wall time = {b.busy:.1f} s in tests (the busiest worker's) + "
-            f"{b.outside:.1f} s outside tests (collection, shutdown); from {b.source}")
+    return (
+        f"session: {startup}{b.wall:.1f} s pytest's wall time = {b.busy:.1f} s in tests (the busiest worker's) + "
+        f"{b.outside:.1f} s outside tests (collection, shutdown); from {b.source}"
+    )
 
 
 def _warmup_line(b: Budget) -> list[str]:
@@ -223,10 +248,12 @@ def _warmup_line(b: Budget) -> list[str]:
     if not b.warmups:
         return []
     given_up = [w for w in b.warmups if not w.get("ok")]
-    return [f"pool warm-ups (layers built ahead, beside other tests): {len(b.warmups)} pools, "
-            f"{sum(w.get('cases', 0) for w in b.warmups)} layers, {len(given_up)} given up; "
-            f"{sum(w.get('rank_s', 0.0) for w in b.warmups):.1f} s of warm-up (the slowest rank's, summed over pools), "
-            f"{sum(w.get('waited_s', 0.0) for w in b.warmups):.1f} s of it waited for by a first case (in pool start)"]
+    return [
+        f"pool warm-ups (layers built ahead, beside other tests): {len(b.warmups)} pools, "
+        f"{sum(w.get('cases', 0) for w in b.warmups)} layers, {len(given_up)} given up; "
+        f"{sum(w.get('rank_s', 0.0) for w in b.warmups):.1f} s of warm-up (the slowest rank's, summed over pools), "
+        f"{sum(w.get('waited_s', 0.0) for w in b.warmups):.1f} s of it waited for by a first case (in pool start)"
+    ]
 
 
 def _cute_dsl_line(b: Budget) -> list[str]:
@@ -234,12 +261,14 @@ def _cute_dsl_line(b: Budget) -> list[str]:
     c = b.cute_dsl
     if not c.get("requests"):
         return []
-    return [f"CuTe DSL kernels (every process's compile requests): {c.get('requests', 0)} asked, "
-            f"{c.get('compiled', 0)} compiled, {c.get('from_file', 0)} read from the cache folder "
-            f"({c.get('waited', 0)} after waiting for another process's compile), {c.get('lock_timeouts', 0)} waits "
-            f"given up, {c.get('lock_unavailable', 0)} compiled without a lock; the rest were in memory. "
-            f"{c.get('compile_ms', 0) / 1000:.1f} s in compile steps, {c.get('wait_ms', 0) / 1000:.1f} s of it waiting "
-            "(summed over processes)"]
+    return [
+        f"CuTe DSL kernels (every process's compile requests): {c.get('requests', 0)} asked, "
+        f"{c.get('compiled', 0)} compiled, {c.get('from_file', 0)} read from the cache folder "
+        f"({c.get('waited', 0)} after waiting for another process's compile), {c.get('lock_timeouts', 0)} waits "
+        f"given up, {c.get('lock_unavailable', 0)} compiled without a lock; the rest were in memory. "
+        f"{c.get('compile_ms', 0) / 1000:.1f} s in compile steps, {c.get('wait_ms', 0) / 1000:.1f} s of it waiting "
+        "(summed over processes)"
+    ]
 
 
 def text_lines(b: Budget) -> list[str]:
@@ -247,8 +276,12 @@ def text_lines(b: Budget) -> list[str]:
     cells = _cells(b)
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
     fmt = [lambda s, w=w, i=i: s.ljust(w) if i == 0 else s.rjust(w) for i, w in enumerate(widths)]
-    return (["  ".join(f(c) for f, c in zip(fmt, row)).rstrip() for row in cells] + [_session_line(b)]
-            + _warmup_line(b) + _cute_dsl_line(b))
+    return (
+        ["  ".join(f(c) for f, c in zip(fmt, row)).rstrip() for row in cells]
+        + [_session_line(b)]
+        + _warmup_line(b)
+        + _cute_dsl_line(b)
+    )
 
 
 def summary(folder: Path | str, since: float, session=None) -> list[str]:
@@ -275,20 +308,29 @@ def markdown_table(folder: Path | str) -> str:
 
 @cli.command("ci.time_budget")
 def main(argv=None) -> int:
-    p = cli.Parser("ci.time_budget", description=__doc__.splitlines()[0],
-                   codes={cli.INPUT: "the folder is missing or holds a malformed record or JUnit file",
-                          cli.NOTHING_TESTED: "the folder holds no test times (no per-test records or JUnit files)"},
-                   more=__doc__.split("\n\n", 2)[2])
+    p = cli.Parser(
+        "ci.time_budget",
+        description=__doc__.splitlines()[0],
+        codes={
+            cli.INPUT: "the folder is missing or holds a malformed record or JUnit file",
+            cli.NOTHING_TESTED: "the folder holds no test times (no per-test records or JUnit files)",
+        },
+        more=__doc__.split("\n\n", 2)[2],
+    )
     p.add_argument("folder", type=Path, help="a results folder (a run's --results-dir)")
     a = p.parse_args(argv)
     if not a.folder.is_dir():
-        raise cli.InputError(f"{a.folder} {'is not a folder' if a.folder.exists() else 'does not exist'}; give a "
-                             "results folder (a run's --results-dir)")
+        raise cli.InputError(
+            f"{a.folder} {'is not a folder' if a.folder.exists() else 'does not exist'}; give a "
+            "results folder (a run's --results-dir)"
+        )
     try:
         b = budget(a.folder)
     except (ValueError, KeyError, TypeError, ElementTree.ParseError, OSError) as err:
-        raise cli.InputError(f"{a.folder} holds a malformed record or JUnit file ({err}); the records are JSON lines "
-                             "and the JUnit files XML, as the suite writes them") from None
+        raise cli.InputError(
+            f"{a.folder} holds a malformed record or JUnit file ({err}); the records are JSON lines "
+            "and the JUnit files XML, as the suite writes them"
+        ) from None
     if b is None:
         print(f"{a.folder}: no test times (no tests-*.jsonl records, no junit*.xml)", file=sys.stderr)
         return cli.NOTHING_TESTED

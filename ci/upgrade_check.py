@@ -14,6 +14,7 @@ folder and a JUnit file each. It prints the API diff
 0 when the API is unchanged and 1 when it changed (a changed API is for review, not necessarily a fault); 2 for an
 OLD or NEW that names no version, wheel or environment (one line says what each may be).
 """
+
 from __future__ import annotations
 
 import json
@@ -30,15 +31,21 @@ from ci import ROOT, api_diff, cli, compare_runs, pytest_argv
 from fixtures import settings
 
 VERSION = re.compile(r"\d+(\.\d+)*((a|b|rc)\d+)?(\.post\d+)?(\.dev\d+)?")
-SPECS = ("a FlashInfer version (0.7.4), a wheel (.whl), an environment (a folder with bin/python) or a "
-         "`pip --target` folder holding flashinfer/")
-CODES = {0: "no regression (GPU), or the same API (no GPU)", 1: "a regression (GPU), or the API changed (no GPU: "
-         "for review)", cli.INPUT: "unusable input: OLD or NEW names nothing installable, or the runs are incomparable"}
+SPECS = (
+    "a FlashInfer version (0.7.4), a wheel (.whl), an environment (a folder with bin/python) or a "
+    "`pip --target` folder holding flashinfer/"
+)
+CODES = {
+    0: "no regression (GPU), or the same API (no GPU)",
+    1: "a regression (GPU), or the API changed (no GPU: for review)",
+    cli.INPUT: "unusable input: OLD or NEW names nothing installable, or the runs are incomparable",
+}
 
 
 @dataclass(frozen=True)
 class Side:
     """One FlashInfer version to check: the python that runs it and what goes in front of its import path."""
+
     python: Path
     site: str = ""  # a `pip --target` folder with FlashInfer (the GPU bundle's overlays), or ""
 
@@ -58,8 +65,13 @@ def check_spec(spec: str, which: str) -> None:
         return
     if given.suffix == ".whl" and given.is_file() or given.suffix != ".whl" and VERSION.fullmatch(spec):
         return
-    what = ("a folder with neither bin/python nor flashinfer/" if given.is_dir() else
-            "no wheel there" if given.suffix == ".whl" else "not a version, and no such folder")
+    what = (
+        "a folder with neither bin/python nor flashinfer/"
+        if given.is_dir()
+        else "no wheel there"
+        if given.suffix == ".whl"
+        else "not a version, and no such folder"
+    )
     raise cli.InputError(f"{which} {spec!r}: {what}; give {SPECS}")
 
 
@@ -77,8 +89,13 @@ def environment(spec: str, workdir: Path) -> Side:
     if not (venv / ".moe-installed").exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         pins = venv / "constraints.txt"  # CI's exact versions (ci/constraints.txt) but FlashInfer's, given here
-        pins.write_text("".join(line for line in (ROOT / "ci" / "constraints.txt").read_text().splitlines(True)
-                                if not line.startswith("flashinfer-python==")))
+        pins.write_text(
+            "".join(
+                line
+                for line in (ROOT / "ci" / "constraints.txt").read_text().splitlines(True)
+                if not line.startswith("flashinfer-python==")
+            )
+        )
         pip = [str(python), "-m", "pip", "install", "-q", "-c", str(pins)]
         subprocess.run(pip + ["torch"], check=True)
         package = str(given) if given.suffix == ".whl" else f"flashinfer-python=={spec}"
@@ -88,13 +105,14 @@ def environment(spec: str, workdir: Path) -> Side:
 
 
 def _output(side: Side, *module_args: str) -> str:
-    return subprocess.run([str(side.python), "-m", *module_args], cwd=ROOT, env=side.env(),
-                          capture_output=True, text=True, check=True).stdout
+    return subprocess.run(
+        [str(side.python), "-m", *module_args], cwd=ROOT, env=side.env(), capture_output=True, text=True, check=True
+    ).stdout
 
 
 def snapshot(side: Side) -> dict:
     out = _output(side, "tools.snapshot_flashinfer_api")
-    return json.loads(out[out.index("{"):])
+    return json.loads(out[out.index("{") :])
 
 
 def has_gpu(side: Side) -> bool:
@@ -115,10 +133,25 @@ def run_cases(side: Side, arch: str, specs: list[str], results: Path, pytest_arg
     shutil.rmtree(results, ignore_errors=True)
     results.mkdir(parents=True)
     started = time.monotonic()
-    code = subprocess.run([*pytest_argv(side.python), "-q", "-p", "no:cacheprovider", "-m", arch,
-                           "--impl", ",".join(specs), "--results-dir", str(results),
-                           "--junitxml", str(results / "junit.xml"), *pytest_args],
-                          cwd=ROOT, env=side.env()).returncode
+    code = subprocess.run(
+        [
+            *pytest_argv(side.python),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            arch,
+            "--impl",
+            ",".join(specs),
+            "--results-dir",
+            str(results),
+            "--junitxml",
+            str(results / "junit.xml"),
+            *pytest_args,
+        ],
+        cwd=ROOT,
+        env=side.env(),
+    ).returncode
     print(f"pytest exit {code} after {time.monotonic() - started:.0f} s", flush=True)
     return code
 
@@ -127,24 +160,31 @@ def run_cases(side: Side, arch: str, specs: list[str], results: Path, pytest_arg
 def main(argv=None) -> int:
     from fixtures.arch import ARCH_MARKERS
 
-    p = cli.Parser("ci.upgrade_check", description=__doc__.splitlines()[0], codes=CODES,
-                   more="after --: pytest arguments for both sides' runs")
+    p = cli.Parser(
+        "ci.upgrade_check",
+        description=__doc__.splitlines()[0],
+        codes=CODES,
+        more="after --: pytest arguments for both sides' runs",
+    )
     p.add_argument("old", help=SPECS)
     p.add_argument("new", help="as OLD")
-    p.add_argument("--arch", default="sm90", choices=sorted(ARCH_MARKERS),
-                   help="the arch marker whose cases run on a GPU")
+    p.add_argument(
+        "--arch", default="sm90", choices=sorted(ARCH_MARKERS), help="the arch marker whose cases run on a GPU"
+    )
     p.add_argument("--workdir", type=Path, default=ROOT / "results" / "upgrade")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)  # after --: pytest arguments for both sides' runs
-    a, extra = p.parse_args(argv[:cut]), argv[cut + 1:]
+    a, extra = p.parse_args(argv[:cut]), argv[cut + 1 :]
     check_spec(a.old, "OLD")
     check_spec(a.new, "NEW")
     a.workdir.mkdir(parents=True, exist_ok=True)
     sides = {name: environment(spec, a.workdir) for name, spec in (("old", a.old), ("new", a.new))}
     snaps = {name: snapshot(side) for name, side in sides.items()}
     lines = api_diff.diff(snaps["old"], snaps["new"])
-    print(f"API: flashinfer-python {snaps['old']['flashinfer_version']} -> {snaps['new']['flashinfer_version']}: "
-          f"{len(lines)} difference(s)")
+    print(
+        f"API: flashinfer-python {snaps['old']['flashinfer_version']} -> {snaps['new']['flashinfer_version']}: "
+        f"{len(lines)} difference(s)"
+    )
     print("\n".join(lines))
     if not all(has_gpu(side) for side in sides.values()):
         print("no GPU: the API comparison only (run it on a GPU host for the cases)")

@@ -5,6 +5,7 @@
 The rules (the host's GPU and cores, MOE_WORKERS, a run that a test starts) are fixtures.spread's: the plugin
 applies them to ``python -m pytest`` and ``bash ci/test.sh`` alike; this command only shows the number.
 """
+
 from __future__ import annotations
 
 import sys
@@ -17,8 +18,12 @@ from fixtures import spread
 def main(argv=None) -> int:
     from fixtures import settings
 
-    p = cli.Parser("ci.workers", description=__doc__.split("\n\n")[0], more=__doc__.split("\n\n", 2)[2],
-                   codes={cli.INPUT: f"{settings.WORKERS.name} is invalid (the message says what it accepts)"})
+    p = cli.Parser(
+        "ci.workers",
+        description=__doc__.split("\n\n")[0],
+        more=__doc__.split("\n\n", 2)[2],
+        codes={cli.INPUT: f"{settings.WORKERS.name} is invalid (the message says what it accepts)"},
+    )
     p.parse_args(argv)
     try:
         asked = settings.WORKERS.get()

@@ -18,6 +18,7 @@ BLAS kernel a shape or alignment selects nor the thread count changes a bit (its
 thread by itself).
 Collectives inherit the process group's timeout (set it when creating the group).
 """
+
 from __future__ import annotations
 
 import torch
@@ -66,14 +67,13 @@ def ep_moe_forward(
     x_all = _all_gather_padded(hidden_states.to(device).float(), max_rows, 0.0, group)
     ids_all = _all_gather_padded(topk_ids.to(device).long(), max_rows, -1, group)
     w_all = _all_gather_padded(topk_weights.to(device).float(), max_rows, 0.0, group)
-    x_glob, ids_glob, w_glob = (torch.cat([t[r, :counts[r]] for r in range(world)]) for t in (x_all, ids_all, w_all))
+    x_glob, ids_glob, w_glob = (torch.cat([t[r, : counts[r]] for r in range(world)]) for t in (x_all, ids_all, w_all))
 
     offset = rank * local_weights.num_experts
     terms = moe_terms(x_glob, ids_glob, w_glob, local_weights, recipe, expert_offset=offset)
     received = torch.empty((world * tokens, *terms.shape[1:]), dtype=terms.dtype, device=device)
-    dist.all_to_all_single(received, terms, output_split_sizes=[tokens] * world,
-                           input_split_sizes=counts, group=group)
+    dist.all_to_all_single(received, terms, output_split_sizes=[tokens] * world, input_split_sizes=counts, group=group)
     mine = torch.zeros((tokens, *terms.shape[1:]), dtype=terms.dtype, device=device)
     for source in range(world):
-        mine += received[source * tokens:(source + 1) * tokens]  # one owner per route: exact
+        mine += received[source * tokens : (source + 1) * tokens]  # one owner per route: exact
     return combine_terms(mine, recipe, expert_owners(topk_ids, world * local_weights.num_experts, world))

@@ -3,6 +3,7 @@
 A log is ``evidence/<day>-<name>.md``, its committed raw records ``evidence/raw/<day>-<name>/``; each day is
 spelled once, below. The code only names these paths: nothing here reads them.
 """
+
 from __future__ import annotations
 
 _NOV29 = "evidence/2026-11-29-"  # links into the logs of FlashInfer 0.7.2.post1's SM90 kernels at EP1 to EP8
@@ -10,6 +11,7 @@ _DEC01 = "evidence/2026-12-01-"  # links into the logs of the README command, 0.
 _DEC02 = "evidence/2026-12-02-"  # links into the logs of the nightly, the megamoe and exact cases
 _DEC03 = "evidence/2026-12-03-"  # links into the logs of the exact cases on built kernels and xdist on one GPU
 _DEC04 = "evidence/2026-12-04-"  # links into the logs of the CuTe DSL compiles, pool warm-ups and GPU-host workers
+_DEC05 = "evidence/2026-12-05-"  # links into the log of the plain pytest command and the declared ranges
 
 H200_072 = _NOV29 + "h200-sm90.md"  # 0.7.2.post1's three SM90 kernels, EP1 to EP8; findings F1-F9
 README_COMMAND_H200 = _DEC01 + "h200-pytest-m-sm90.md"  # the README command on a fresh H200; F10
@@ -32,10 +34,32 @@ CPU_TIER_WORKERS = _DEC04 + "cute-dsl-compile-counts-and-cpu-workers.md"  # CuTe
 POOL_WARMUPS = _DEC04 + "sm90-pool-warmups.md"  # pools warm their layers ahead; -m sm90 green in 1024 s
 GPU_MEMORY_FULL = _DEC04 + "sm90-two-workers-memory-full.md"  # two workers, pools ahead by cores: GPU memory full
 GPU_HOST_WORKERS = _DEC04 + "sm90-three-workers-and-fp4-accumulation.md"  # -m sm90 in 560 s on three workers; FP4
-LOGS = (H200_072, README_COMMAND_H200, FP8_ACCUMULATION, FLASHINFER_074_CALIBRATION, PUSH_CUDA_AND_IDLE_POOLS,
-        GREEN_FLOORS_HELD, FP4_PULL_AND_UPGRADE, AOT_CRASH_AND_CUT_SHORT, NIGHTLY_GREEN, RESTRUCTURE_UNCHANGED,
-        AOT_BUILT_ON_CPU, MEGAMOE_EXACT, MEGAMOE_ON_CPU, EXACT_EVERY_BACKEND, CPU_CHECKS_ON_BROKEN_INPUT,
-        EXACT_AND_COMPILE_COSTS, XDIST_ON_ONE_GPU, CPU_TIER_WORKERS, POOL_WARMUPS, GPU_MEMORY_FULL, GPU_HOST_WORKERS)
+PLAIN_PYTEST = _DEC05 + "plain-pytest-and-declared-ranges.md"  # pytest 9.2 and xdist groups; newest versions
+
+LOGS = (
+    PLAIN_PYTEST,
+    H200_072,
+    README_COMMAND_H200,
+    FP8_ACCUMULATION,
+    FLASHINFER_074_CALIBRATION,
+    PUSH_CUDA_AND_IDLE_POOLS,
+    GREEN_FLOORS_HELD,
+    FP4_PULL_AND_UPGRADE,
+    AOT_CRASH_AND_CUT_SHORT,
+    NIGHTLY_GREEN,
+    RESTRUCTURE_UNCHANGED,
+    AOT_BUILT_ON_CPU,
+    MEGAMOE_EXACT,
+    MEGAMOE_ON_CPU,
+    EXACT_EVERY_BACKEND,
+    CPU_CHECKS_ON_BROKEN_INPUT,
+    EXACT_AND_COMPILE_COSTS,
+    XDIST_ON_ONE_GPU,
+    CPU_TIER_WORKERS,
+    POOL_WARMUPS,
+    GPU_MEMORY_FULL,
+    GPU_HOST_WORKERS,
+)
 
 
 def _raw(day: str, name: str) -> str:

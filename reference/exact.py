@@ -24,13 +24,14 @@ so its products must not depend on any of that.
 With ``with_magnitude`` it also returns ``|a| @ |b|^T`` (fp32): the scale that bounds a kernel's
 legitimate rounding differences (``reference.moe``'s term magnitude), which needs no exactness.
 """
+
 from __future__ import annotations
 
 import math
 
 import torch
 
-_U = 2.0 ** -53
+_U = 2.0**-53
 _SCALE_EXP = 298  # fp32 products are multiples of 2^-298 (smallest subnormal 2^-149, squared)
 
 
@@ -112,7 +113,7 @@ def rounded_mm(a: torch.Tensor, b: torch.Tensor, *, with_magnitude: bool = False
     if step >= b32.shape[0]:
         out = _rounded_block(rows, b32, beta_b)
     else:
-        out = torch.cat([_rounded_block(rows, b32[j:j + step], beta_b) for j in range(0, b32.shape[0], step)], dim=1)
+        out = torch.cat([_rounded_block(rows, b32[j : j + step], beta_b) for j in range(0, b32.shape[0], step)], dim=1)
     if not with_magnitude:
         return out
     return out, a32.abs() @ b32.abs().t()
@@ -158,15 +159,16 @@ def _exact_dots(a: torch.Tensor, b: torch.Tensor, chunk: int = 1024) -> torch.Te
     k = max(a.shape[1], 1)
     beta = 51 - math.ceil(math.log2(k))  # k * 2^(beta + 1) quanta <= 2^53: each level's sum is exact
     for lo in range(0, a.shape[0], chunk):
-        rest = a[lo:lo + chunk] * b[lo:lo + chunk]
+        rest = a[lo : lo + chunk] * b[lo : lo + chunk]
         levels = []
         while bool((rest != 0).any()):
             hi, rest, _, _ = _split(rest, beta)
             levels.append(hi.sum(1))
         sums = torch.stack(levels, 1).cpu().tolist() if levels else [[] for _ in range(rest.shape[0])]
-        out[lo:lo + len(sums)] = torch.tensor(
+        out[lo : lo + len(sums)] = torch.tensor(
             [round_scaled_int_to_fp32(sum(int(math.ldexp(v, _SCALE_EXP)) for v in row), _SCALE_EXP) for row in sums],
-            dtype=torch.float32)
+            dtype=torch.float32,
+        )
     return out
 
 
@@ -186,4 +188,4 @@ def round_scaled_int_to_fp32(total: int, scale_exp: int) -> float:
         if rest > half or (rest == half and q & 1):
             q += 1
     value = math.ldexp(q, quantum)  # exact: q has at most 25 bits
-    return sign * (math.inf if value >= 2.0 ** 128 else value)  # past fp32's largest finite value
+    return sign * (math.inf if value >= 2.0**128 else value)  # past fp32's largest finite value

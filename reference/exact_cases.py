@@ -16,6 +16,7 @@ fp32 combine. On these cases each of those is exact in any order and precision:
   (:func:`combine_exact`); for a combine grouped per owner rank, one live route per (token, rank). The layout (groups of 16
 along H and I): docs/exact-cases.md.
 """
+
 from __future__ import annotations
 
 import functools
@@ -29,7 +30,7 @@ from reference.exact_expert import GROUP, expert_w13, expert_w2
 from reference.moe import combine_terms, expert_owners, moe_terms, prepare_weights
 
 D_ACT, D_W13 = 8.0, 4.0  # data magnitudes: gate = 8 * 4 = 32
-D_W2_CANDIDATES = (2.0 ** -8, 2.0 ** -4, 1.0)  # W2's: small outputs, unless a scale of 1 needs larger
+D_W2_CANDIDATES = (2.0**-8, 2.0**-4, 1.0)  # W2's: small outputs, unless a scale of 1 needs larger
 GATE = D_ACT * D_W13
 CLAMP = 64.0  # >= every gate and |up|: the clamp is the identity, yet a clamped kernel can run
 # Anchor mantissas: 448 = 1.75 * 2^8 (E4M3), 6 = 1.5 * 2^2 (E2M1) and 384, 2688 = 1.3125 * 2^11 (6 * 448), 1.
@@ -77,8 +78,10 @@ def _check_geometry(recipe, hidden: int, inter: int) -> None:
     if hidden % GROUP or inter % GROUP:
         raise ExactCaseError(f"exact cases need hidden and intermediate multiples of {GROUP}, got {hidden}, {inter}")
     if recipe.placement == "input":
-        raise ExactCaseError(f"recipe {recipe.name}: placement 'input' quantizes w * x per route, which moves the "
-                             "activation anchors off their grid")
+        raise ExactCaseError(
+            f"recipe {recipe.name}: placement 'input' quantizes w * x per route, which moves the "
+            "activation anchors off their grid"
+        )
 
 
 def null_experts(recipe) -> bool:
@@ -99,8 +102,9 @@ def _build_weights(recipe, experts, hidden, inter, seed, g13: Grid, g2: Grid, d2
     for e in experts:
         gen = _gen(seed * 1_000_003 + e)
         a, ma = expert_w13(gen, hidden, inter, g13.anchor, g13.mults, g13.matrix_anchor, D_W13)
-        b, mb = expert_w2(gen, hidden, inter, g2.anchor, g2.mults, g2.matrix_anchor, d2,
-                          live=not (null_experts(recipe) and e % 2))
+        b, mb = expert_w2(
+            gen, hidden, inter, g2.anchor, g2.mults, g2.matrix_anchor, d2, live=not (null_experts(recipe) and e % 2)
+        )
         w13.append(a), m13.append(ma), w2.append(b), m2.append(mb)
     return torch.stack(w13), torch.stack(w2), torch.stack(m13), torch.stack(m2)
 
@@ -123,16 +127,19 @@ def weight_grids(recipe, hidden: int, inter: int) -> tuple[Grid, Grid, float]:
             g2 = Grid(mantissa * d2, mults[:2], None if matrix is None else matrix * d2)
             if _weights_exact(recipe, *_build_weights(recipe, (0,), hidden, inter, 0, g13, g2, d2)):
                 return g13, g2, d2
-    raise ExactCaseError(f"recipe {recipe.name}: weight rounding {recipe.weight}: no anchor of "
-                         f"{ANCHOR_MANTISSAS} x 2^p keeps power-of-two weights on its grid")
+    raise ExactCaseError(
+        f"recipe {recipe.name}: weight rounding {recipe.weight}: no anchor of "
+        f"{ANCHOR_MANTISSAS} x 2^p keeps power-of-two weights on its grid"
+    )
 
 
 def exact_weights(recipe, num_experts: int, hidden: int, inter: int, seed: int, experts=None):
     """Canonical bf16 ``w13 [E, 2I, H]``, ``w2 [E, H, I]`` (``experts``: those of these indices) whose data
     positions the recipe's weight rounding keeps exactly (:func:`weight_grids`)."""
     g13, g2, d2 = weight_grids(recipe, hidden, inter)
-    w13, w2, _, _ = _build_weights(recipe, experts if experts is not None else range(num_experts), hidden, inter,
-                                   seed, g13, g2, d2)
+    w13, w2, _, _ = _build_weights(
+        recipe, experts if experts is not None else range(num_experts), hidden, inter, seed, g13, g2, d2
+    )
     return w13.bfloat16(), w2.bfloat16()
 
 
@@ -141,12 +148,15 @@ def _act_grid(recipe, hidden: int) -> Grid:
     for mults in MULTIPLIERS:
         for mantissa in ANCHOR_MANTISSAS:
             x = torch.where(cols == 0, mantissa * D_ACT, torch.where(cols == 2, D_ACT, 0.0)).repeat(len(mults) * 2, 1)
-            x[:, cols >= 3] = (torch.tensor(mults).repeat_interleave(2) * torch.tensor([1.0, -1.0]).repeat(len(mults))
-                               * D_ACT)[:, None]
+            x[:, cols >= 3] = (
+                torch.tensor(mults).repeat_interleave(2) * torch.tensor([1.0, -1.0]).repeat(len(mults)) * D_ACT
+            )[:, None]
             if torch.equal(x.bfloat16().float(), x) and torch.equal(recipe.act.round_trip(x), x):
                 return Grid(mantissa * D_ACT, mults)
-    raise ExactCaseError(f"recipe {recipe.name}: activation rounding {recipe.act}: no anchor of "
-                         f"{ANCHOR_MANTISSAS} x 2^p keeps power-of-two activations on its grid")
+    raise ExactCaseError(
+        f"recipe {recipe.name}: activation rounding {recipe.act}: no anchor of "
+        f"{ANCHOR_MANTISSAS} x 2^p keeps power-of-two activations on its grid"
+    )
 
 
 def routing_weight_top(recipe) -> float:
@@ -162,14 +172,13 @@ def routing_weights(gen, shape, top: float) -> torch.Tensor:
     """A third each: powers of two (E4M3 ties stay ties), 1 + 2^-8 + k 2^-12 (bf16 rounds them by ~2^-8) and
     values 2^-12 below an E4M3 midpoint (bf16 rounds them onto it: a tie that goes the other way)."""
     kind = torch.randint(0, 3, shape, generator=gen)
-    fp32 = 1 + 2.0 ** -8 + torch.randint(1, 16, shape, generator=gen).float() * 2.0 ** -12
-    near = _pick(gen, MIDPOINTS, shape) - 2.0 ** -12
+    fp32 = 1 + 2.0**-8 + torch.randint(1, 16, shape, generator=gen).float() * 2.0**-12
+    near = _pick(gen, MIDPOINTS, shape) - 2.0**-12
     w = torch.where(kind == 0, torch.ones(shape), torch.where(kind == 1, fp32, near))
     return w * (top / 2)
 
 
-def exact_inputs(recipe, num_experts: int, hidden: int, inter: int, top_k: int, tokens: tuple[int, ...],
-                 seed: int):
+def exact_inputs(recipe, num_experts: int, hidden: int, inter: int, top_k: int, tokens: tuple[int, ...], seed: int):
     """bf16 hidden states [T, H], ids [T, K] (distinct experts per token) and fp32 routing weights [T, K]."""
     _check_geometry(recipe, hidden, inter)
     ep_size = len(tokens)
@@ -196,13 +205,15 @@ def _one_live_per_rank(gen, num_experts, top_k, ep_size, total):
     null = [e for e in range(num_experts) if e % 2]
     rows = []
     for t in range(total):  # the live expert of a rank cycles through its even experts from its first (covering it)
-        ranks = torch.randperm(ep_size, generator=gen)[:max(1, min(ep_size, top_k))].tolist()
+        ranks = torch.randperm(ep_size, generator=gen)[: max(1, min(ep_size, top_k))].tolist()
         live = [r * per_rank + 2 * (t % -(-per_rank // 2)) for r in ranks]
         live = [e for e in live if e % 2 == 0 and e < num_experts][:top_k]
-        rest = [null[i] for i in torch.randperm(len(null), generator=gen).tolist()][:top_k - len(live)]
+        rest = [null[i] for i in torch.randperm(len(null), generator=gen).tolist()][: top_k - len(live)]
         if len(live) + len(rest) < top_k or not live:
-            raise ExactCaseError(f"combine per owner rank: {num_experts} experts at EP{ep_size} leave too few null "
-                                 f"experts for top_k {top_k} with one live route per rank")
+            raise ExactCaseError(
+                f"combine per owner rank: {num_experts} experts at EP{ep_size} leave too few null "
+                f"experts for top_k {top_k} with one live route per rank"
+            )
         rows.append(torch.tensor(live + rest)[torch.randperm(top_k, generator=gen)])
     return torch.stack(rows)
 
@@ -210,7 +221,7 @@ def _one_live_per_rank(gen, num_experts, top_k, ep_size, total):
 def lowest_bit(x: torch.Tensor) -> torch.Tensor:
     """The largest power of two dividing each nonzero fp32 value (inf for zero)."""
     mantissa, exponent = torch.frexp(x.double())
-    m = (mantissa.abs() * 2.0 ** 24).to(torch.int64)
+    m = (mantissa.abs() * 2.0**24).to(torch.int64)
     low = (m & -m).double()
     return torch.where(x != 0, torch.ldexp(low, (exponent - 24).double()), math.inf)
 
@@ -222,7 +233,7 @@ def combine_exact(terms: torch.Tensor) -> bool:
         return True
     quantum = lowest_bit(terms).amin(dim=1)
     total = terms.double().abs().sum(dim=1)
-    return bool(((total == 0) | (total < 2.0 ** 24 * quantum)).all())
+    return bool(((total == 0) | (total < 2.0**24 * quantum)).all())
 
 
 def verify(recipe, w13, w2, x, ids, w, ep_size: int = 1) -> torch.Tensor:

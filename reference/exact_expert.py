@@ -7,6 +7,7 @@ and returns ``v mod bound``; one randint below ``L``, a multiple of every bound,
 element, gives the same integers as the draws one at a time and leaves the generator in the same state. The same
 weights, bit for bit, without a Python call per draw (a model-size expert took hundreds of thousands).
 """
+
 from __future__ import annotations
 
 import math

@@ -16,6 +16,7 @@ as megamoe §N):
 The NVFP4 fused plan with 128 x 128 tiles (the one above 256 tokens) requantizes h in 64-channel groups instead
 (:func:`nvfp4_fused_recipe`). What the recipes leave out, and why it stays inside the tolerance: megamoe §9.
 """
+
 from __future__ import annotations
 
 from reference import tolerances
@@ -32,30 +33,42 @@ ACT = Quant("fp8", block=(1, 128))
 FC2_IN = Quant("fp8", block=(1, FC2_GROUP), scale="ue8m0", scale_recip=True, apply_recip=True)
 
 MXFP4_FUSED = Recipe(
-    name="megamoe_mxfp4_fused", act=ACT, weight=Quant("mxfp4_megamoe"), clamp_limit=DEFAULT_CLAMP,
-    clamp_style="gate_upper", placement="before_fc2_quant", fc2_in=FC2_IN, combine_wire=BF16,
-    scaled_block_sums=True, tolerance=tolerances.MEGAMOE_FP4,
+    name="megamoe_mxfp4_fused",
+    act=ACT,
+    weight=Quant("mxfp4_megamoe"),
+    clamp_limit=DEFAULT_CLAMP,
+    clamp_style="gate_upper",
+    placement="before_fc2_quant",
+    fc2_in=FC2_IN,
+    combine_wire=BF16,
+    scaled_block_sums=True,
+    tolerance=tolerances.MEGAMOE_FP4,
     source="megamoe §2 (E4M3 activations, fp32 scale per 128 channels on each block's partial sum), §4 (MXFP4: "
-           "E2M1 x 2^k as one E4M3 value, saturated at 448, flushed below 2^-6; G per expert and leg), §6 (gate "
-           "clamped above, up both ways, route weight before the requantization), §7 (E4M3 FC2 input, "
-           "power-of-two scale per 128 channels), §8 (bf16 per route, fp32 combine in slot order)")
+    "E2M1 x 2^k as one E4M3 value, saturated at 448, flushed below 2^-6; G per expert and leg), §6 (gate "
+    "clamped above, up both ways, route weight before the requantization), §7 (E4M3 FC2 input, "
+    "power-of-two scale per 128 channels), §8 (bf16 per route, fp32 combine in slot order)",
+)
 
 NVFP4_FUSED = MXFP4_FUSED.with_(
-    name="megamoe_nvfp4_fused", weight=Quant("nvfp4_megamoe"),
+    name="megamoe_nvfp4_fused",
+    weight=Quant("nvfp4_megamoe"),
     source="megamoe §3 (NVFP4: RNE_E4M3(E2M1 x UE4M3 scale), no /8, NaN past 448; G per expert and leg); the "
-           "rest as megamoe_mxfp4_fused (§2, §6, §7, §8); the plans with BLOCK_N 256 (up to 256 tokens)")
+    "rest as megamoe_mxfp4_fused (§2, §6, §7, §8); the plans with BLOCK_N 256 (up to 256 tokens)",
+)
 
 NVFP4_FUSED_BM128 = NVFP4_FUSED.with_(
-    name="megamoe_nvfp4_fused_bm128", fc2_in=Quant("fp8", block=(1, FC2_GROUP_BM128), scale="ue8m0",
-                                                   scale_recip=True, apply_recip=True),
+    name="megamoe_nvfp4_fused_bm128",
+    fc2_in=Quant("fp8", block=(1, FC2_GROUP_BM128), scale="ue8m0", scale_recip=True, apply_recip=True),
     source="megamoe §7.2: as megamoe_nvfp4_fused, the FC2 input requantized per 64 channels, as the plan with "
-           "BLOCK_M = BLOCK_N = 128 (above 256 tokens) does")
+    "BLOCK_M = BLOCK_N = 128 (above 256 tokens) does",
+)
 
 NVFP4_SPLIT = NVFP4_FUSED.with_(
     name="megamoe_nvfp4_split",
     source="megamoe §10: the split family's numerics are the fused BLOCK_N 256 plans' (the same weights, 128-channel "
-           "FC2-input groups: its 2-CTA pairs share their 64-column maxima); fast math selects only the SiLU "
-           "intrinsics there")
+    "FC2-input groups: its 2-CTA pairs share their 64-column maxima); fast math selects only the SiLU "
+    "intrinsics there",
+)
 
 RECIPES = {r.name: r for r in (MXFP4_FUSED, NVFP4_FUSED, NVFP4_FUSED_BM128, NVFP4_SPLIT)}
 

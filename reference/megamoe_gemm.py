@@ -7,6 +7,7 @@ fused multiply-add (megamoe §2.2). :func:`block_scaled_mm` does the same: each 
 rounded (reference.exact; the tensor cores' own order inside a block cannot be reproduced), then an exact
 :func:`fma32` per block, in K order. Its bits depend on no BLAS, blocking or thread count.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,8 +40,8 @@ def block_scaled_mm(codes: torch.Tensor, scales: torch.Tensor, w: torch.Tensor, 
     codes, scales, w = codes.float(), scales.float(), w.float()
     acc = torch.zeros(n, w.shape[0], dtype=torch.float32, device=codes.device)
     for b in range(scales.shape[1]):
-        part = rounded_mm(codes[:, b * group:(b + 1) * group], w[:, b * group:(b + 1) * group])
-        acc = fma32(scales[:, b:b + 1].expand_as(part), part, acc)
+        part = rounded_mm(codes[:, b * group : (b + 1) * group], w[:, b * group : (b + 1) * group])
+        acc = fma32(scales[:, b : b + 1].expand_as(part), part, acc)
     if not with_magnitude:
         return acc
     return acc, (codes * scales.repeat_interleave(group, dim=1)).abs() @ w.abs().t()

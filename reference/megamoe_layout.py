@@ -5,6 +5,7 @@ layout, the 4-byte words whose nibbles hold magnitudes in K order and whose sign
 gate/up interleave of 8 rows. Decoding FlashInfer's transform output with it and comparing with the logical
 weights checks the transform; decoding hand-built bytes checks the model.
 """
+
 from __future__ import annotations
 
 import torch

@@ -6,13 +6,26 @@ Both decoders turn one E2M1 code and its block scale into one E4M3 byte, which t
 kernel applies to the finished accumulator (the l1/l2 global scales). The packs here choose G as a power of two,
 so G * acc equals the product with G * W exactly, and a recipe may fold G into its weights (megamoe §3.3).
 """
+
 from __future__ import annotations
 
 import torch
 
 from reference import mx
-from reference.quant import (E2M1_MAX, E8M0_BIAS, FP8_MAX, MX_BLOCK, NVFP4_BLOCK, block_amax, e2m1_decode,
-                             e2m1_encode, exact_log2_ceil, pow2, saturating_cast, unpack_fp4)
+from reference.quant import (
+    E2M1_MAX,
+    E8M0_BIAS,
+    FP8_MAX,
+    MX_BLOCK,
+    NVFP4_BLOCK,
+    block_amax,
+    e2m1_decode,
+    e2m1_encode,
+    exact_log2_ceil,
+    pow2,
+    saturating_cast,
+    unpack_fp4,
+)
 
 E4M3_MAX = FP8_MAX["e4m3"]
 # The largest UE4M3 scale whose products with every E2M1 value stay finite: 6 * 72 = 432 <= 448, while the next
@@ -21,7 +34,7 @@ NVFP4_SCALE_MAX = 72.0
 # The E8M0 exponents k for which the MXFP4 decoder is exact: 6 * 2^6 = 384 <= 448 and 0.5 * 2^-5 = 2^-6, the smallest
 # normal E4M3 (megamoe §4.1).
 MXFP4_EXPONENTS = (-5, 6)
-MXFP4_FLUSH_BELOW = 2.0 ** -6
+MXFP4_FLUSH_BELOW = 2.0**-6
 
 
 def _signed(codes: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
@@ -80,12 +93,14 @@ def nvfp4_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
         raise ValueError(f"NVFP4 needs K a multiple of {NVFP4_BLOCK}, got {w.shape[-1]}")
     wf = w.float()
     amax = _matrix_amax(wf)
-    g = torch.where(amax > 0, pow2(exact_log2_ceil(torch.where(amax > 0, amax, 1.0) / (E2M1_MAX * NVFP4_SCALE_MAX))),
-                    torch.ones_like(amax))
+    g = torch.where(
+        amax > 0,
+        pow2(exact_log2_ceil(torch.where(amax > 0, amax, 1.0) / (E2M1_MAX * NVFP4_SCALE_MAX))),
+        torch.ones_like(amax),
+    )
     g_ = g[..., None, None]
     # the cap guards an fp32 rounding of amax / 432 just below a power of two: 72 is an E4M3 value
-    scales = saturating_cast(block_amax(wf, (1, NVFP4_BLOCK)) / (E2M1_MAX * g_), torch.float8_e4m3fn,
-                             NVFP4_SCALE_MAX)
+    scales = saturating_cast(block_amax(wf, (1, NVFP4_BLOCK)) / (E2M1_MAX * g_), torch.float8_e4m3fn, NVFP4_SCALE_MAX)
     step = (scales.float() * g_).repeat_interleave(NVFP4_BLOCK, dim=-1)
     scaled = torch.where(step > 0, wf / torch.where(step > 0, step, torch.ones_like(step)), torch.zeros_like(wf))
     return e2m1_encode(scaled), scales.view(torch.uint8), g

@@ -11,6 +11,7 @@ do not depend on which other rows share its GEMM, on the BLAS, the CPU, the poin
 thread count: the expert-parallel reference (``reference.ep``) is bitwise equal to the single-process
 one by construction, whatever machine runs them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,7 +40,7 @@ def _sigmoid(x: torch.Tensor) -> torch.Tensor:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return torch.sigmoid(padded)[:flat.numel()].view_as(x)
+        return torch.sigmoid(padded)[: flat.numel()].view_as(x)
     finally:
         torch.set_num_threads(threads)
 
@@ -59,8 +60,9 @@ def deinterleave_gate_up(w13: torch.Tensor, stripe: int) -> torch.Tensor:
     """Inverse of :func:`interleave_gate_up`."""
     num_experts, two_i, hidden = w13.shape
     pairs = w13.reshape(num_experts, two_i // (2 * stripe), 2, stripe, hidden)
-    return torch.cat((pairs[:, :, 0].reshape(num_experts, -1, hidden),
-                      pairs[:, :, 1].reshape(num_experts, -1, hidden)), dim=1)
+    return torch.cat(
+        (pairs[:, :, 0].reshape(num_experts, -1, hidden), pairs[:, :, 1].reshape(num_experts, -1, hidden)), dim=1
+    )
 
 
 @dataclass(frozen=True)
@@ -178,16 +180,21 @@ def moe_terms(
     tokens, top_k = topk_ids.shape
     hidden = hidden_states.shape[1]
     if topk_weights.shape != topk_ids.shape or hidden_states.shape[0] != tokens:
-        raise ValueError(f"shapes disagree: hidden {tuple(hidden_states.shape)}, ids {tuple(topk_ids.shape)}, "
-                         f"weights {tuple(topk_weights.shape)}")
+        raise ValueError(
+            f"shapes disagree: hidden {tuple(hidden_states.shape)}, ids {tuple(topk_ids.shape)}, "
+            f"weights {tuple(topk_weights.shape)}"
+        )
     if weights.w13.shape[2] != hidden:
         raise ValueError(f"hidden size {hidden} does not match w13 {tuple(weights.w13.shape)}")
     device = weights.w13.device
     terms = torch.zeros(tokens * top_k, hidden, dtype=torch.float32, device=device)
     mags = torch.zeros_like(terms) if with_magnitude else None
     if tokens == 0:
-        return (terms.view(tokens, top_k, hidden), mags.view(tokens, top_k, hidden)) if with_magnitude \
+        return (
+            (terms.view(tokens, top_k, hidden), mags.view(tokens, top_k, hidden))
+            if with_magnitude
             else terms.view(tokens, top_k, hidden)
+        )
     x = hidden_states.to(device).float()
     flat_w = topk_weights.to(device).float().reshape(-1)
     local = topk_ids.to(device).reshape(-1).long() - expert_offset
@@ -202,7 +209,7 @@ def moe_terms(
     start = 0
     for expert, count in enumerate(counts):
         for lo in range(start, start + count, chunk_rows):
-            chunk = rows[lo:min(lo + chunk_rows, start + count)]
+            chunk = rows[lo : min(lo + chunk_rows, start + count)]
             token = torch.div(chunk, top_k, rounding_mode="floor")
             w = flat_w[chunk]
             if x_act is None:

@@ -4,13 +4,29 @@ MXFP8 E4M3 / E5M2 and MXFP4 E2M1: one E8M0 scale per 32 elements along the last 
 rounded up ("ceil", FlashInfer's MegaMoE host utilities) or down ("floor", the OCP MX spec). The
 common rules of reference.quant hold (RTNE, saturation, neutral scale for an all-zero block).
 """
+
 from __future__ import annotations
 
 import torch
 
-from reference.quant import (E8M0_BIAS, FP8_DTYPES, FP8_MAX, MX_BLOCK, MX_FORMATS, _ceil_div, block_amax, e2m1_decode,
-                             e2m1_encode, exact_log2_ceil, exact_log2_floor, pack_fp4, pow2,
-                             saturating_cast, unpack_fp4)
+from reference.quant import (
+    E8M0_BIAS,
+    FP8_DTYPES,
+    FP8_MAX,
+    MX_BLOCK,
+    MX_FORMATS,
+    _ceil_div,
+    block_amax,
+    e2m1_decode,
+    e2m1_encode,
+    exact_log2_ceil,
+    exact_log2_floor,
+    pack_fp4,
+    pow2,
+    saturating_cast,
+    unpack_fp4,
+)
+
 
 def swizzle_128x4(scales: torch.Tensor) -> torch.Tensor:
     """Linear [R, C] block scales -> the flat 128x4 swizzled layout of the tensor-core scale loaders.
@@ -89,8 +105,9 @@ def mx_dequantize(q: torch.Tensor, scale_codes: torch.Tensor, *, fmt: str = "mxf
     return values * e8m0_to_float(scale_codes).repeat_interleave(MX_BLOCK, dim=-1)
 
 
-def mx_round_trip(x: torch.Tensor, *, fmt: str = "mxfp8_e4m3", exponent: str = "ceil",
-                  humming_max_range: int | None = None) -> torch.Tensor:
+def mx_round_trip(
+    x: torch.Tensor, *, fmt: str = "mxfp8_e4m3", exponent: str = "ceil", humming_max_range: int | None = None
+) -> torch.Tensor:
     """Quantize then dequantize; ``humming_max_range`` (MXFP4 only) adds :func:`humming_rewrite`."""
     q, codes = mx_quantize(x, fmt=fmt, exponent=exponent)
     if humming_max_range is not None:

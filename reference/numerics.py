@@ -1,5 +1,6 @@
 """The two building blocks of a recipe: one rounding step (:class:`Quant`) and how close an
 implementation must come to the recipe-emulating reference (:class:`Tolerance`)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,8 +58,14 @@ class Quant:
                 q = quant.saturating_cast(x.float() / self.static_scale, quant.FP8_DTYPES[self.fmt], fmax)
                 return q.float() * self.static_scale
             block = (1, x.shape[-1]) if self.per_token else self.block
-            return quant.fp8_round_trip(x, fmt=self.fmt, block=block, scale=self.scale, scale_recip=self.scale_recip,
-                                        apply_recip=self.apply_recip)
+            return quant.fp8_round_trip(
+                x,
+                fmt=self.fmt,
+                block=block,
+                scale=self.scale,
+                scale_recip=self.scale_recip,
+                apply_recip=self.apply_recip,
+            )
         if self.kind == "nvfp4_e4m3":
             return quant.nvfp4_e4m3_operand_round_trip(x)
         if self.kind == "nvfp4":
@@ -75,8 +82,14 @@ class Quant:
         blocked = self.kind == "fp8" and self.static_scale is None and not self.per_token and bool(self.block)
         if not blocked or self.block[0] != 1:
             raise ValueError(f"scaled blocks need an fp8 step with (1, G) blocks, got {self}")
-        q, scales = quant.fp8_quantize(x, fmt=self.fmt, block=self.block, scale=self.scale,
-                                       scale_recip=self.scale_recip, apply_recip=self.apply_recip)
+        q, scales = quant.fp8_quantize(
+            x,
+            fmt=self.fmt,
+            block=self.block,
+            scale=self.scale,
+            scale_recip=self.scale_recip,
+            apply_recip=self.apply_recip,
+        )
         return q.float(), scales
 
 
@@ -126,7 +139,7 @@ class Tolerance:
         sqrt(rows), and the cosine that relative L2 allows (1 - cos grows as rel-L2 squared)."""
         if rows <= 0 or self.row_rel_l2 <= self.rel_l2 or self.rel_l2 <= 0:
             return self.rel_l2, self.cosine
-        rel = self.rel_l2 + (self.row_rel_l2 - self.rel_l2) / rows ** 0.5
+        rel = self.rel_l2 + (self.row_rel_l2 - self.rel_l2) / rows**0.5
         return rel, 1.0 - (1.0 - self.cosine) * (rel / self.rel_l2) ** 2
 
 
@@ -148,14 +161,23 @@ class Systematic:
     def __post_init__(self):
         uniform, one_expert = self.resolution
         if not (uniform > self.gain_floor and one_expert > self.expert_gain_floor):
-            raise ValueError(f"resolution {self.resolution} must lie above the gain and expert-gain floors "
-                             f"({self.gain_floor}, {self.expert_gain_floor}): a fault inside a floor is never caught")
+            raise ValueError(
+                f"resolution {self.resolution} must lie above the gain and expert-gain floors "
+                f"({self.gain_floor}, {self.expert_gain_floor}): a fault inside a floor is never caught"
+            )
 
 
-BITWISE = Tolerance(bitwise=True, textbook_rel_l2=1e-5,
-                    reason="same fp32 math in the same order: any difference is a bug")
+BITWISE = Tolerance(
+    bitwise=True, textbook_rel_l2=1e-5, reason="same fp32 math in the same order: any difference is a bug"
+)
 
 FP32_ORDER = Tolerance(
-    rel_l2=1e-5, cosine=0.99999, row_rel_l2=1e-4, row_floor=1e-5, band_c=1e-2, band_atol=1e-6,
+    rel_l2=1e-5,
+    cosine=0.99999,
+    row_rel_l2=1e-4,
+    row_floor=1e-5,
+    band_c=1e-2,
+    band_atol=1e-6,
     textbook_rel_l2=1e-5,
-    reason="the same fp32 math in another summation order: differences are fp32 round-off (~1e-7)")
+    reason="the same fp32 math in another summation order: differences are fp32 round-off (~1e-7)",
+)

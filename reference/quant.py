@@ -11,6 +11,7 @@ Rules common to every quantizer here:
 * A block whose absolute maximum is zero gets the neutral scale (1.0, or E8M0 code 0 for MX).
 * Scales multiply: ``dequantized = code_value * scale`` (NVFP4: ``* block_scale / global_scale``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -124,7 +125,12 @@ def fp8_scales_from_amax(amax: torch.Tensor, fmax: float, scale: str, recip: boo
 
 
 def fp8_quantize(
-    x: torch.Tensor, *, fmt: str = "e4m3", block=None, scale: str = "fp32", scale_recip: bool = False,
+    x: torch.Tensor,
+    *,
+    fmt: str = "e4m3",
+    block=None,
+    scale: str = "fp32",
+    scale_recip: bool = False,
     apply_recip: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize to FP8. Returns ``(q, scales)`` with ``x ~= q.float() * scales`` (per element).
@@ -157,8 +163,15 @@ def fp8_dequantize(q: torch.Tensor, scales: torch.Tensor, *, block=None) -> torc
     return q.float() * expand_block_scales(scales.float(), blk, q.shape)
 
 
-def fp8_round_trip(x: torch.Tensor, *, fmt: str = "e4m3", block=None, scale: str = "fp32", scale_recip: bool = False,
-                   apply_recip: bool = False) -> torch.Tensor:
+def fp8_round_trip(
+    x: torch.Tensor,
+    *,
+    fmt: str = "e4m3",
+    block=None,
+    scale: str = "fp32",
+    scale_recip: bool = False,
+    apply_recip: bool = False,
+) -> torch.Tensor:
     """Quantize then dequantize: the value an FP8 wire delivers, in fp32."""
     q, s = fp8_quantize(x, fmt=fmt, block=block, scale=scale, scale_recip=scale_recip, apply_recip=apply_recip)
     return fp8_dequantize(q, s, block=block)
@@ -233,8 +246,11 @@ def nvfp4_quantize(x: torch.Tensor, *, global_scale=None) -> tuple[torch.Tensor,
     if x.shape[-1] % NVFP4_BLOCK:
         raise ValueError(f"NVFP4 needs the last dim to be a multiple of {NVFP4_BLOCK}, got {x.shape[-1]}")
     xf = x.float()
-    gs = nvfp4_global_scale(xf) if global_scale is None else torch.as_tensor(
-        global_scale, dtype=torch.float32, device=x.device)
+    gs = (
+        nvfp4_global_scale(xf)
+        if global_scale is None
+        else torch.as_tensor(global_scale, dtype=torch.float32, device=x.device)
+    )
     if not torch.isfinite(gs).all() or (gs <= 0).any():
         raise ValueError(f"global_scale must be positive and finite, got {gs}")
     amax = block_amax(xf, (1, NVFP4_BLOCK))
@@ -269,8 +285,9 @@ def nvfp4_weight_pack(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     amax = xf.abs().amax(dim=(-2, -1))
     g = torch.where(amax > 0, amax / (E2M1_MAX * FP8_MAX["e4m3"]), torch.ones_like(amax))
     g_ = g[..., None, None]
-    block_scales = saturating_cast(block_amax(xf, (1, NVFP4_BLOCK)) / (E2M1_MAX * g_), torch.float8_e4m3fn,
-                                   FP8_MAX["e4m3"])
+    block_scales = saturating_cast(
+        block_amax(xf, (1, NVFP4_BLOCK)) / (E2M1_MAX * g_), torch.float8_e4m3fn, FP8_MAX["e4m3"]
+    )
     step = (block_scales.float() * g_).repeat_interleave(NVFP4_BLOCK, dim=-1)
     scaled = torch.where(step > 0, xf / torch.where(step > 0, step, torch.ones_like(step)), torch.zeros_like(xf))
     return pack_fp4(e2m1_encode(scaled)), block_scales, g

@@ -7,6 +7,7 @@ rounding and combine wire, and the accumulation dtype. :func:`reference.moe.moe_
 any recipe; the named constants below are FlashInfer's MegaMoE kernels, each citing the section of that
 document it follows. Their tolerances, each with the measurement behind it, are in reference.tolerances.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,20 +15,55 @@ from dataclasses import dataclass
 
 from reference import tolerances
 from reference.evidence import EXACT_EVERY_BACKEND
+
 # The building blocks and the bounds, re-exported: a recipe module user needs no second import.
-from reference.numerics import (BF16, BITWISE, FP32_ORDER, NONE, Quant, Systematic,
-                                Tolerance)
-from reference.tolerances import (E4M3_FLIP_BAND, PROVISIONAL_SYSTEMATIC, SYSTEMATIC_BF16,
-                                  SYSTEMATIC_FP4_PULL, SYSTEMATIC_FP8_BLOCKWISE, SYSTEMATIC_FP8_PER_TENSOR,
-                                  SYSTEMATIC_PUSH_FP8)
+from reference.numerics import BF16, BITWISE, FP32_ORDER, NONE, Quant, Systematic, Tolerance
+from reference.tolerances import (
+    E4M3_FLIP_BAND,
+    PROVISIONAL_SYSTEMATIC,
+    SYSTEMATIC_BF16,
+    SYSTEMATIC_FP4_PULL,
+    SYSTEMATIC_FP8_BLOCKWISE,
+    SYSTEMATIC_FP8_PER_TENSOR,
+    SYSTEMATIC_PUSH_FP8,
+)
 
 __all__ = [  # every name this module offered before the bounds moved to reference.tolerances
-    "ACCUM_DTYPES", "ALL_RECIPES", "BF16", "BF16_WEIGHTS", "BITWISE", "CLAMP_STYLES", "COMBINE_GROUPS",
-    "E4M3_FLIP_BAND", "FP32_EXACT", "FP32_ORDER", "KERNEL_RECIPES", "NONE", "PLACEMENTS", "PROVISIONAL_SYSTEMATIC",
-    "Quant", "Recipe", "SM100_BF16", "SM100_DEEPGEMM_FP8_FP4", "SM100_MXFP8", "SM100_NVFP4", "SM90_PULL_BF16",
-    "SM90_PULL_FP8_BLOCKWISE", "SM90_PULL_FP8_MXFP4", "SM90_PULL_FP8_NVFP4", "SM90_PULL_FP8_PER_TENSOR",
-    "SM90_PUSH_CAKE_BF16", "SM90_PUSH_FP8", "SYSTEMATIC_BF16", "SYSTEMATIC_FP4_PULL", "SYSTEMATIC_FP8_BLOCKWISE",
-    "SYSTEMATIC_FP8_PER_TENSOR", "SYSTEMATIC_PUSH_FP8", "Systematic", "Tolerance"]
+    "ACCUM_DTYPES",
+    "ALL_RECIPES",
+    "BF16",
+    "BF16_WEIGHTS",
+    "BITWISE",
+    "CLAMP_STYLES",
+    "COMBINE_GROUPS",
+    "E4M3_FLIP_BAND",
+    "FP32_EXACT",
+    "FP32_ORDER",
+    "KERNEL_RECIPES",
+    "NONE",
+    "PLACEMENTS",
+    "PROVISIONAL_SYSTEMATIC",
+    "Quant",
+    "Recipe",
+    "SM100_BF16",
+    "SM100_DEEPGEMM_FP8_FP4",
+    "SM100_MXFP8",
+    "SM100_NVFP4",
+    "SM90_PULL_BF16",
+    "SM90_PULL_FP8_BLOCKWISE",
+    "SM90_PULL_FP8_MXFP4",
+    "SM90_PULL_FP8_NVFP4",
+    "SM90_PULL_FP8_PER_TENSOR",
+    "SM90_PUSH_CAKE_BF16",
+    "SM90_PUSH_FP8",
+    "SYSTEMATIC_BF16",
+    "SYSTEMATIC_FP4_PULL",
+    "SYSTEMATIC_FP8_BLOCKWISE",
+    "SYSTEMATIC_FP8_PER_TENSOR",
+    "SYSTEMATIC_PUSH_FP8",
+    "Systematic",
+    "Tolerance",
+]
 
 CLAMP_STYLES = ("gate_upper", "symmetric")
 PLACEMENTS = ("before_fc2_quant", "combine", "input")
@@ -99,8 +135,10 @@ class Recipe:
             raise ValueError("combine_groups 'owner_rank' sums its groups in fp32: accum must be 'fp32'")
         if self.clamp_limit is not None and not self.clamp_supported:
             raise ValueError(f"recipe {self.name} has no clamp, got clamp_limit={self.clamp_limit}")
-        if self.scaled_block_sums and not all(q.kind == "fp8" and q.block and q.block[0] == 1 and not q.per_token
-                                              and q.static_scale is None for q in (self.act, self.fc2_in)):
+        if self.scaled_block_sums and not all(
+            q.kind == "fp8" and q.block and q.block[0] == 1 and not q.per_token and q.static_scale is None
+            for q in (self.act, self.fc2_in)
+        ):
             raise ValueError("scaled_block_sums needs act and fc2_in to be fp8 steps with (1, G) blocks")
         if self.clamp_limit is not None and not (self.clamp_limit >= 0):
             raise ValueError(f"clamp_limit must be >= 0, got {self.clamp_limit}")
@@ -119,117 +157,199 @@ class Recipe:
 # file:line) that it follows; its tolerance, with the measurement behind it, is in reference.tolerances.
 
 FP32_EXACT = Recipe(
-    name="fp32_exact", weight_input_bf16=False, placement="combine", tolerance=FP32_ORDER,
-    source="no rounding anywhere: the textbook MoE evaluated in fp32")
+    name="fp32_exact",
+    weight_input_bf16=False,
+    placement="combine",
+    tolerance=FP32_ORDER,
+    source="no rounding anywhere: the textbook MoE evaluated in fp32",
+)
 
 BF16_WEIGHTS = Recipe(
-    name="bf16_weights", placement="combine", tolerance=FP32_ORDER,
-    source="bf16 weights and activations, everything else fp32 (the reference-ep default)")
+    name="bf16_weights",
+    placement="combine",
+    tolerance=FP32_ORDER,
+    source="bf16 weights and activations, everything else fp32 (the reference-ep default)",
+)
 
 SM90_PULL_FP8_BLOCKWISE = Recipe(
     name="sm90_pull_fp8_blockwise",
     act=Quant("fp8", block=(1, 128)),
-    weight=Quant("fp8", block=(128, 128)), w13_stripe=8,
-    clamp_style="gate_upper", placement="before_fc2_quant",
-    fc2_in=Quant("fp8", block=(1, 64)), combine_wire=BF16,
+    weight=Quant("fp8", block=(128, 128)),
+    w13_stripe=8,
+    clamp_style="gate_upper",
+    placement="before_fc2_quant",
+    fc2_in=Quant("fp8", block=(1, 64)),
+    combine_wire=BF16,
     tolerance=tolerances.FP8_PULL,
     source="kernels §3.1 (blockwise: 1x128 act, 128x128 weight blocks on the 8-row gate/up interleave, "
-           "FC2 input per token per 64 channels, weight before FC2 quant, bf16 per-slot terms, fp32 sum)")
+    "FC2 input per token per 64 channels, weight before FC2 quant, bf16 per-slot terms, fp32 sum)",
+)
 
 SM90_PULL_FP8_PER_TENSOR = Recipe(
     name="sm90_pull_fp8_per_tensor",
     act=Quant("fp8", static_scale=1.0),
-    weight=Quant("fp8", block=None), w13_stripe=8,
-    clamp_style="gate_upper", placement="before_fc2_quant",
-    fc2_in=Quant("fp8", static_scale=1.0), combine_wire=BF16,
+    weight=Quant("fp8", block=None),
+    w13_stripe=8,
+    clamp_style="gate_upper",
+    placement="before_fc2_quant",
+    fc2_in=Quant("fp8", static_scale=1.0),
+    combine_wire=BF16,
     tolerance=tolerances.FP8_PULL_PER_TENSOR,
     source="kernels §3.1 (per_tensor: static activation scales fc1/fc2_activation_dequant_scale = 1.0, "
-           "one scale per expert over the interleaved [2I, H] matrix)")
+    "one scale per expert over the interleaved [2I, H] matrix)",
+)
 
 SM90_PUSH_FP8 = Recipe(
     name="sm90_push_fp8",
     act=Quant("fp8", block=(1, 128)),
-    weight=Quant("fp8", block=(128, 128)), w13_stripe=None, fc1_out_bf16=True,
-    clamp_supported=False, placement="combine", act_out_bf16=True,
-    fc2_in=Quant("fp8", block=(1, 128)), fc2_out_bf16=True, combine_wire=Quant("fp8", block=(1, 128)),
+    weight=Quant("fp8", block=(128, 128)),
+    w13_stripe=None,
+    fc1_out_bf16=True,
+    clamp_supported=False,
+    placement="combine",
+    act_out_bf16=True,
+    fc2_in=Quant("fp8", block=(1, 128)),
+    fc2_out_bf16=True,
+    combine_wire=Quant("fp8", block=(1, 128)),
     combine_groups="owner_rank",
-    tolerance=tolerances.PUSH_FP8, regroup_tolerance=tolerances.PUSH_FP8_REGROUP,
+    tolerance=tolerances.PUSH_FP8,
+    regroup_tolerance=tolerances.PUSH_FP8_REGROUP,
     source="kernels §3.2 (1x128 act at the source, 128x128 weights in canonical order, silu(g)*u "
-           "rounded to bf16 then 1x128 fp8, weight at the combine, fp8 combine wire); no clamp. FC1 and FC2 "
-           "outputs are bf16 tensors (h, y in src/a2a/sm90_push_a2a_ops.cu silu_mul_quant_grouped_kernel and "
-           "combine_publish_*_kernel). grouped_combine=True (the config default): the wire carries one row "
-           "per (token, source rank), the fp32 fmaf sum of that rank's w*y in slot order, quantized 1x128 "
-           "(amax/448), and the destination sums the ep_size rows in rank order (shim/protocol.py:331, "
-           "combine_publish_fp8_grouped_kernel and combine_reduce_fp8_grouped_kernel in sm90_push_a2a_ops.cu)")
+    "rounded to bf16 then 1x128 fp8, weight at the combine, fp8 combine wire); no clamp. FC1 and FC2 "
+    "outputs are bf16 tensors (h, y in src/a2a/sm90_push_a2a_ops.cu silu_mul_quant_grouped_kernel and "
+    "combine_publish_*_kernel). grouped_combine=True (the config default): the wire carries one row "
+    "per (token, source rank), the fp32 fmaf sum of that rank's w*y in slot order, quantized 1x128 "
+    "(amax/448), and the destination sums the ep_size rows in rank order (shim/protocol.py:331, "
+    "combine_publish_fp8_grouped_kernel and combine_reduce_fp8_grouped_kernel in sm90_push_a2a_ops.cu)",
+)
 
 SM90_PUSH_CAKE_BF16 = Recipe(
     name="sm90_push_cake_bf16",
-    act=BF16, weight=NONE, clamp_style="symmetric", placement="combine", act_out_bf16=True,
-    combine_wire=BF16, combine_groups="owner_rank", tolerance=tolerances.PUSH_CAKE,
+    act=BF16,
+    weight=NONE,
+    clamp_style="symmetric",
+    placement="combine",
+    act_out_bf16=True,
+    combine_wire=BF16,
+    combine_groups="owner_rank",
+    tolerance=tolerances.PUSH_CAKE,
     source="kernels §3.3 (no FP8 anywhere; both g and u clamped to [-L, L]). combine_wire 'prereduced' (the "
-           "descriptor pins it; the kernel's own default above 8 tokens a rank, which every layer of the suite "
-           "has): the expert's rank sums its w*y of a token in fp32, sends one bf16 row per (token, rank), and "
-           f"the rows are summed in fp32. The per_route wire (one bf16(w*y) per route) that this recipe first "
-           "assumed differed on every exact case by 1-2 bf16 ulps, in the exact elements that differ "
-           f"({EXACT_EVERY_BACKEND})")
+    "descriptor pins it; the kernel's own default above 8 tokens a rank, which every layer of the suite "
+    "has): the expert's rank sums its w*y of a token in fp32, sends one bf16 row per (token, rank), and "
+    f"the rows are summed in fp32. The per_route wire (one bf16(w*y) per route) that this recipe first "
+    "assumed differed on every exact case by 1-2 bf16 ulps, in the exact elements that differ "
+    f"({EXACT_EVERY_BACKEND})",
+)
 
 # FlashInfer 0.7.4's three new Hopper pull kernels (kernels §D2.1-§D2.3).
 SM90_PULL_BF16 = Recipe(
-    name="sm90_pull_bf16", act=BF16, weight=NONE, w13_stripe=8, clamp_style="gate_upper",
-    placement="before_fc2_quant", act_out_bf16=True, combine_wire=BF16, tolerance=tolerances.BF16_PULL,
+    name="sm90_pull_bf16",
+    act=BF16,
+    weight=NONE,
+    w13_stripe=8,
+    clamp_style="gate_upper",
+    placement="before_fc2_quant",
+    act_out_bf16=True,
+    combine_wire=BF16,
+    tolerance=tolerances.BF16_PULL,
     source="kernels §D2.1 (BF16 x BF16, fp32 accumulation, w * SwiGLU rounded to bf16 before FC2, "
-           "bf16 per-slot terms summed in fp32)")
+    "bf16 per-slot terms summed in fp32)",
+)
 
 SM90_PULL_FP8_MXFP4 = Recipe(
     name="sm90_pull_fp8_mxfp4",
     act=Quant("fp8", per_token=True, scale_recip=True),
-    weight=Quant("mx", fmt="mxfp4", exponent="ceil", humming_max_range=11), w13_stripe=8,
-    clamp_style="gate_upper", placement="before_fc2_quant",
+    weight=Quant("mx", fmt="mxfp4", exponent="ceil", humming_max_range=11),
+    w13_stripe=8,
+    clamp_style="gate_upper",
+    placement="before_fc2_quant",
     fc2_in=Quant("fp8", block=(1, 64), scale_recip=True, apply_recip=True),
-    combine_wire=BF16, tolerance=tolerances.FP4_PULL,
+    combine_wire=BF16,
+    tolerance=tolerances.FP4_PULL,
     source="kernels §D2.2: E4M3 activations with one fp32 scale per token, d = amax * RN(1/448), q = x / d "
-           "(safe_quantize.py); MXFP4 weights as the adapter packs them (reference.mx.mx_quantize, exponent "
-           "rounded up) after the Humming rewrite (blocks more than 11 binades below the expert maximum, "
-           "reference.mx.humming_rewrite); FC1 over the whole K in the fast accumulator (1xacc, not emulated); "
-           "clamp default 10, passed explicitly by the adapter; w * SwiGLU, then 1x64 E4M3 with s = amax * "
-           "RN(1/448), q = x * RN(1/s); bf16 per-slot terms summed in fp32")
+    "(safe_quantize.py); MXFP4 weights as the adapter packs them (reference.mx.mx_quantize, exponent "
+    "rounded up) after the Humming rewrite (blocks more than 11 binades below the expert maximum, "
+    "reference.mx.humming_rewrite); FC1 over the whole K in the fast accumulator (1xacc, not emulated); "
+    "clamp default 10, passed explicitly by the adapter; w * SwiGLU, then 1x64 E4M3 with s = amax * "
+    "RN(1/448), q = x * RN(1/s); bf16 per-slot terms summed in fp32",
+)
 
 SM90_PULL_FP8_NVFP4 = SM90_PULL_FP8_MXFP4.with_(
-    name="sm90_pull_fp8_nvfp4", weight=Quant("nvfp4_e4m3"),
+    name="sm90_pull_fp8_nvfp4",
+    weight=Quant("nvfp4_e4m3"),
     source="kernels §D2.3: as sm90_pull_fp8_mxfp4, the weights NVFP4 as the adapter packs them "
-           "(reference.quant.nvfp4_weight_pack: E2M1, E4M3 scales per 16, one fp32 dequant multiplier G per "
-           "expert and leg), each q*s re-rounded to E4M3 as q*s/8 and scaled by 8G "
-           "(reference.quant.nvfp4_e4m3_operand_round_trip)")
+    "(reference.quant.nvfp4_weight_pack: E2M1, E4M3 scales per 16, one fp32 dequant multiplier G per "
+    "expert and leg), each q*s re-rounded to E4M3 as q*s/8 and scaled by 8G "
+    "(reference.quant.nvfp4_e4m3_operand_round_trip)",
+)
 
 SM100_NVFP4 = Recipe(
     name="sm100_nvfp4",
-    act=Quant("nvfp4", global_scale=1.0), weight=Quant("nvfp4", global_scale=1.0), w13_stripe=16,
-    clamp_style="gate_upper", placement="before_fc2_quant",
-    fc2_in=Quant("nvfp4", global_scale=1.0), combine_wire=BF16, tolerance=tolerances.SM100_NVFP4,
-    source="kernels §3.5 (input_norm_const = weight norm_const = fc1_norm_const = 1, alphas 1)")
+    act=Quant("nvfp4", global_scale=1.0),
+    weight=Quant("nvfp4", global_scale=1.0),
+    w13_stripe=16,
+    clamp_style="gate_upper",
+    placement="before_fc2_quant",
+    fc2_in=Quant("nvfp4", global_scale=1.0),
+    combine_wire=BF16,
+    tolerance=tolerances.SM100_NVFP4,
+    source="kernels §3.5 (input_norm_const = weight norm_const = fc1_norm_const = 1, alphas 1)",
+)
 
 SM100_MXFP8 = Recipe(
     name="sm100_mxfp8",
-    act=Quant("mx", fmt="mxfp8_e4m3", exponent="ceil"), weight=Quant("mx", fmt="mxfp8_e4m3", exponent="ceil"),
-    w13_stripe=32, clamp_style="gate_upper", placement="before_fc2_quant",
-    fc2_in=Quant("mx", fmt="mxfp8_e4m3", exponent="ceil"), combine_wire=BF16, tolerance=tolerances.SM100_MXFP8,
-    source="kernels §3.6 (E8M0 exponent rounded up, 32-row stripes, topk applied in FC1)")
+    act=Quant("mx", fmt="mxfp8_e4m3", exponent="ceil"),
+    weight=Quant("mx", fmt="mxfp8_e4m3", exponent="ceil"),
+    w13_stripe=32,
+    clamp_style="gate_upper",
+    placement="before_fc2_quant",
+    fc2_in=Quant("mx", fmt="mxfp8_e4m3", exponent="ceil"),
+    combine_wire=BF16,
+    tolerance=tolerances.SM100_MXFP8,
+    source="kernels §3.6 (E8M0 exponent rounded up, 32-row stripes, topk applied in FC1)",
+)
 
 SM100_BF16 = Recipe(
-    name="sm100_bf16", act=BF16, weight=NONE, w13_stripe=32, clamp_style="gate_upper",
-    placement="before_fc2_quant", act_out_bf16=True, combine_wire=BF16, tolerance=tolerances.SM100_BF16,
-    source="kernels §3.7")
+    name="sm100_bf16",
+    act=BF16,
+    weight=NONE,
+    w13_stripe=32,
+    clamp_style="gate_upper",
+    placement="before_fc2_quant",
+    act_out_bf16=True,
+    combine_wire=BF16,
+    tolerance=tolerances.SM100_BF16,
+    source="kernels §3.7",
+)
 
 SM100_DEEPGEMM_FP8_FP4 = Recipe(
     name="sm100_deepgemm_fp8_fp4",
-    act=Quant("fp8", block=(1, 32), scale="ue8m0"), weight=Quant("mx", fmt="mxfp4", exponent="ceil"),
-    fc1_out_bf16=True, clamp_style="gate_upper", placement="before_fc2_quant",
-    fc2_in=Quant("fp8", block=(1, 32), scale="ue8m0"), combine_wire=BF16, tolerance=tolerances.SM100_DEEPGEMM,
+    act=Quant("fp8", block=(1, 32), scale="ue8m0"),
+    weight=Quant("mx", fmt="mxfp4", exponent="ceil"),
+    fc1_out_bf16=True,
+    clamp_style="gate_upper",
+    placement="before_fc2_quant",
+    fc2_in=Quant("fp8", block=(1, 32), scale="ue8m0"),
+    combine_wire=BF16,
+    tolerance=tolerances.SM100_DEEPGEMM,
     source="kernels §3.4 (FC1 accumulator rounded to bf16 before the clamp, routing weight before the FC2-input "
-           "round trip: kernels §5)")
+    "round trip: kernels §5)",
+)
 
-KERNEL_RECIPES = {r.name: r for r in (
-    SM90_PULL_FP8_BLOCKWISE, SM90_PULL_FP8_PER_TENSOR, SM90_PUSH_FP8, SM90_PUSH_CAKE_BF16,
-    SM100_NVFP4, SM100_MXFP8, SM100_BF16, SM100_DEEPGEMM_FP8_FP4,
-    SM90_PULL_BF16, SM90_PULL_FP8_MXFP4, SM90_PULL_FP8_NVFP4)}
+KERNEL_RECIPES = {
+    r.name: r
+    for r in (
+        SM90_PULL_FP8_BLOCKWISE,
+        SM90_PULL_FP8_PER_TENSOR,
+        SM90_PUSH_FP8,
+        SM90_PUSH_CAKE_BF16,
+        SM100_NVFP4,
+        SM100_MXFP8,
+        SM100_BF16,
+        SM100_DEEPGEMM_FP8_FP4,
+        SM90_PULL_BF16,
+        SM90_PULL_FP8_MXFP4,
+        SM90_PULL_FP8_NVFP4,
+    )
+}
 ALL_RECIPES = {FP32_EXACT.name: FP32_EXACT, BF16_WEIGHTS.name: BF16_WEIGHTS, **KERNEL_RECIPES}

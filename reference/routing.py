@@ -24,6 +24,7 @@ Conventions that make the reference a usable oracle:
 * ``routed_scaling_factor`` (rsf) multiplies the weights of every method (FlashInfer's trace references
   do so; for DeepSeekV3 and MiniMax2 it is part of the documented formula).
 """
+
 from __future__ import annotations
 
 import math
@@ -66,8 +67,9 @@ def _validate(logits, method, top_k, bias, n_group, topk_group):
         raise ValueError("n_group and topk_group go together")
     if n_group is not None:
         if not METHOD_TABLE[method].grouped:
-            raise ValueError(f"expert groups apply to {[m for m in METHODS if METHOD_TABLE[m].grouped]} "
-                             f"routing only, not {method}")
+            raise ValueError(
+                f"expert groups apply to {[m for m in METHODS if METHOD_TABLE[m].grouped]} routing only, not {method}"
+            )
         if n_group < 1 or num_experts % n_group:
             raise ValueError(f"E={num_experts} is not divisible by n_group={n_group}")
         if not 1 <= topk_group <= n_group:
@@ -75,7 +77,8 @@ def _validate(logits, method, top_k, bias, n_group, topk_group):
         if topk_group * (num_experts // n_group) < top_k:
             raise ValueError(
                 f"top_k={top_k} exceeds the {topk_group * (num_experts // n_group)} experts "
-                f"of the {topk_group} kept groups")
+                f"of the {topk_group} kept groups"
+            )
 
 
 def _group_scores(score: torch.Tensor, n_group: int) -> torch.Tensor:
@@ -83,7 +86,7 @@ def _group_scores(score: torch.Tensor, n_group: int) -> torch.Tensor:
     tokens, num_experts = score.shape
     per_group = num_experts // n_group
     grouped = score.view(tokens, n_group, per_group)
-    return torch.sort(grouped, dim=-1, descending=True).values[..., :min(2, per_group)].sum(-1)
+    return torch.sort(grouped, dim=-1, descending=True).values[..., : min(2, per_group)].sum(-1)
 
 
 def _in_kept_groups(score: torch.Tensor, group_scores: torch.Tensor, topk_group: int) -> torch.Tensor:
@@ -147,19 +150,27 @@ class Method:
     scales_input: bool = False
 
 
-METHOD_TABLE = {m.name: m for m in (
-    Method("Default", _softmax, _picked),
-    Method("Renormalize", _raw, lambda z, score, ids: torch.softmax(z.gather(1, ids), dim=-1)),
-    Method("RenormalizeNaive", _softmax, _picked_over_sum),
-    Method("DeepSeekV3", _sigmoid_plus_bias, _unbiased_sigmoid_normalized, biased=True, grouped=True),
-    Method("Llama4", _raw, lambda z, score, ids: torch.sigmoid(z.gather(1, ids)), top_1=True, scales_input=True),
-    Method("TopK", _raw, lambda z, score, ids: z.gather(1, ids)),
-    Method("Sigmoid", _sigmoid, _picked),
-    Method("SigmoidRenorm", _sigmoid,
-           lambda z, score, ids: score.gather(1, ids) / score.gather(1, ids).sum(-1, keepdim=True).clamp_min(RENORM_EPS)),
-    Method("MiniMax2", _sigmoid_plus_bias, _unbiased_sigmoid_normalized, biased=True),
-    Method("TopKSigmoid", _raw, lambda z, score, ids: torch.sigmoid(z.gather(1, ids))),
-)}
+METHOD_TABLE = {
+    m.name: m
+    for m in (
+        Method("Default", _softmax, _picked),
+        Method("Renormalize", _raw, lambda z, score, ids: torch.softmax(z.gather(1, ids), dim=-1)),
+        Method("RenormalizeNaive", _softmax, _picked_over_sum),
+        Method("DeepSeekV3", _sigmoid_plus_bias, _unbiased_sigmoid_normalized, biased=True, grouped=True),
+        Method("Llama4", _raw, lambda z, score, ids: torch.sigmoid(z.gather(1, ids)), top_1=True, scales_input=True),
+        Method("TopK", _raw, lambda z, score, ids: z.gather(1, ids)),
+        Method("Sigmoid", _sigmoid, _picked),
+        Method(
+            "SigmoidRenorm",
+            _sigmoid,
+            lambda z, score, ids: (
+                score.gather(1, ids) / score.gather(1, ids).sum(-1, keepdim=True).clamp_min(RENORM_EPS)
+            ),
+        ),
+        Method("MiniMax2", _sigmoid_plus_bias, _unbiased_sigmoid_normalized, biased=True),
+        Method("TopKSigmoid", _raw, lambda z, score, ids: torch.sigmoid(z.gather(1, ids))),
+    )
+}
 METHODS = tuple(METHOD_TABLE)
 BIASED_METHODS = tuple(m.name for m in METHOD_TABLE.values() if m.biased)  # e_score_correction_bias
 
@@ -229,4 +240,3 @@ def decision_margin(
         gap = ordered[:, top_k - 1] - ordered[:, top_k]
         margin = torch.minimum(margin, torch.where(torch.isinf(ordered[:, top_k]), float("inf"), gap))
     return margin
-

@@ -6,6 +6,7 @@ input, Llama4-style, or on the expert output). Vectorized per expert and run on 
 ``hidden_states`` (a GPU runs fp64 GEMMs at tens of TFLOP/s), so it costs a fraction of a case; its
 per-token, per-slot twin lives in ``suites/reference/test_moe.py`` as this function's own check.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,7 +48,7 @@ def textbook_moe(
     counts = torch.bincount(key, minlength=experts + 1)[:experts].tolist()
     start = 0
     for e, n in enumerate(counts):
-        routes = order[start:start + n]
+        routes = order[start : start + n]
         start += n
         if not n:
             continue
@@ -67,6 +68,13 @@ def textbook_moe(
 def textbook_for_recipe(hidden_states, topk_ids, topk_weights, w13, w2, recipe, *, device=None) -> torch.Tensor:
     """The textbook oracle with the recipe's semantic choices (clamp, weight on input)."""
     return textbook_moe(
-        hidden_states, topk_ids, topk_weights, w13, w2,
-        clamp_limit=recipe.clamp_limit, clamp_style=recipe.clamp_style,
-        weight_on_input=recipe.placement == "input", device=device)
+        hidden_states,
+        topk_ids,
+        topk_weights,
+        w13,
+        w2,
+        clamp_limit=recipe.clamp_limit,
+        clamp_style=recipe.clamp_style,
+        weight_on_input=recipe.placement == "input",
+        device=device,
+    )

@@ -11,6 +11,7 @@ cases, their summed wall time, cases per minute, layers built, and the split of 
 ranks' build and forward, this process's wait for the ranks, the recipe oracle, the comparison of every rank's
 output, the systematic statistics, the textbook oracle, and the rest ("other").
 """
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,22 @@ from fixtures.results import case_records
 CHECK = "oracle+textbook"  # the records of test_matches_reference
 # This process's timed phases of a case; "other" is the rest of its wall time (results, small ops between)
 PROCESS_PHASES = ("run", "oracle", "compare", "systematic", "textbook")
-COLUMNS = ("impl", "EP", "cases", "case s", "cases/min", "layers built", "rank build %", "rank forward %",
-           "run wait %", "oracle %", "compare %", "systematic %", "textbook %", "other %")
+COLUMNS = (
+    "impl",
+    "EP",
+    "cases",
+    "case s",
+    "cases/min",
+    "layers built",
+    "rank build %",
+    "rank forward %",
+    "run wait %",
+    "oracle %",
+    "compare %",
+    "systematic %",
+    "textbook %",
+    "other %",
+)
 
 
 def summarise(records) -> dict[tuple[str, int], dict]:
@@ -52,8 +67,14 @@ def table(summary: dict[tuple[str, int], dict]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for (impl, ep), s in sorted(summary.items()):
         total = s["case s"] or 1e-9
-        cells = [impl, str(ep), str(int(s["cases"])), f"{s['case s']:.1f}", f"{60 * s['cases'] / total:.1f}",
-                 str(int(s["layers built"]))]
+        cells = [
+            impl,
+            str(ep),
+            str(int(s["cases"])),
+            f"{s['case s']:.1f}",
+            f"{60 * s['cases'] / total:.1f}",
+            str(int(s["layers built"])),
+        ]
         cells += [f"{100 * s[k] / total:.0f}" for k in ("rank build", "rank forward", *PROCESS_PHASES, "other")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -61,10 +82,15 @@ def table(summary: dict[tuple[str, int], dict]) -> str:
 
 @cli.command("tools.bench_cases")
 def main(argv=None) -> int:
-    p = cli.Parser("tools.bench_cases", description=__doc__.splitlines()[0],
-                   codes={cli.INPUT: "--from names no folder, or pytest refused the other arguments (it says why)",
-                          cli.NOTHING_TESTED: "no per-case records: nothing to summarise"},
-                   more="Arguments it does not know go to pytest.")
+    p = cli.Parser(
+        "tools.bench_cases",
+        description=__doc__.splitlines()[0],
+        codes={
+            cli.INPUT: "--from names no folder, or pytest refused the other arguments (it says why)",
+            cli.NOTHING_TESTED: "no per-case records: nothing to summarise",
+        },
+        more="Arguments it does not know go to pytest.",
+    )
     p.add_argument("--from", dest="source", type=Path, help="a results dir of a run already made")
     a, pytest_args = p.parse_known_args(argv)
     source = a.source
@@ -73,8 +99,20 @@ def main(argv=None) -> int:
     if source is None:
         source = Path(tempfile.mkdtemp(prefix="bench-cases-"))
         env = {**os.environ, settings.HYPOTHESIS_PROFILE.name: settings.HYPOTHESIS_PROFILE.raw() or "ci"}
-        cmd = [sys.executable, "-m", "pytest", "suites/conformance/test_generic.py", "-k", "test_matches_reference",
-               "-q", "-p", "no:cacheprovider", "--results-dir", str(source), *pytest_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "suites/conformance/test_generic.py",
+            "-k",
+            "test_matches_reference",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--results-dir",
+            str(source),
+            *pytest_args,
+        ]
         print("running:", " ".join(cmd), flush=True)
         done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], env=env)
         if done.returncode == cli.INPUT:  # pytest's usage error: it has said which argument

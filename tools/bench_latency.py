@@ -12,6 +12,7 @@ and out) as fractions of the GPU model's peaks (``GPU_PEAKS``; None, and the JSO
 lacks). The ``torch`` row runs the same MoE as bf16 per-expert matmuls in
 PyTorch on the same device: the baseline column a kernel engineer compares with.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,11 +55,14 @@ class Geometry:
     top_k: int
 
 
-GEOMETRIES = {g.name: g for g in (
-    Geometry("deepseek-v3-like", 7168, 2048, 32, 8),
-    Geometry("glm-flash-like", 2048, 1536, 64, 4),
-    Geometry("tiny", 256, 128, 8, 2),  # the CPU smoke test
-)}
+GEOMETRIES = {
+    g.name: g
+    for g in (
+        Geometry("deepseek-v3-like", 7168, 2048, 32, 8),
+        Geometry("glm-flash-like", 2048, 1536, 64, 4),
+        Geometry("tiny", 256, 128, 8, 2),  # the CPU smoke test
+    )
+}
 
 
 class TorchMoE:
@@ -76,11 +80,11 @@ class TorchMoE:
         start = 0
         for e, n in enumerate(counts):
             if n:
-                rows = token[start:start + n]
+                rows = token[start : start + n]
                 h = x[rows] @ self.w13[e].t()
                 gate, up = h.chunk(2, dim=1)
                 y = (torch.nn.functional.silu(gate) * up) @ self.w2[e].t()
-                out.index_add_(0, rows, y.float() * w.reshape(-1)[order[start:start + n], None])
+                out.index_add_(0, rows, y.float() * w.reshape(-1)[order[start : start + n], None])
             start += n
         return out
 
@@ -105,8 +109,9 @@ def _time(fn, device, warmup: int, repeats: int) -> list[float]:
     return times
 
 
-def row(impl: str, geometry: Geometry, tokens: int, times: list[float], weight_bytes: float,
-        peaks: dict | None) -> dict:
+def row(
+    impl: str, geometry: Geometry, tokens: int, times: list[float], weight_bytes: float, peaks: dict | None
+) -> dict:
     """One timed row; the fraction-of-peak fields are None without ``peaks`` (a device GPU_PEAKS lacks)."""
     q = statistics.quantiles(times, n=4) if len(times) > 1 else [times[0]] * 3
     median = statistics.median(times)
@@ -115,10 +120,17 @@ def row(impl: str, geometry: Geometry, tokens: int, times: list[float], weight_b
     moved = touched * 3 * geometry.hidden * geometry.intermediate * weight_bytes + 4.0 * tokens * geometry.hidden
     tflops, gbs = flops / median / 1e9, moved / median / 1e6
     peak = peaks and peaks["fp8_tflops" if weight_bytes < 2 else "bf16_tflops"]
-    return {"impl": impl, "geometry": geometry.name, "tokens": tokens, "median_ms": round(median, 4),
-            "iqr_ms": round(q[2] - q[0], 4), "tflops": round(tflops, 2),
-            "tflops_frac_peak": round(tflops / peak, 4) if peaks else None,
-            "hbm_gbs": round(gbs, 1), "hbm_frac_peak": round(gbs / peaks["hbm_gbs"], 4) if peaks else None}
+    return {
+        "impl": impl,
+        "geometry": geometry.name,
+        "tokens": tokens,
+        "median_ms": round(median, 4),
+        "iqr_ms": round(q[2] - q[0], 4),
+        "tflops": round(tflops, 2),
+        "tflops_frac_peak": round(tflops / peak, 4) if peaks else None,
+        "hbm_gbs": round(gbs, 1),
+        "hbm_frac_peak": round(gbs / peaks["hbm_gbs"], 4) if peaks else None,
+    }
 
 
 def _error_row(spec: str, geometry: Geometry, err: Exception, **where) -> dict:
@@ -146,8 +158,14 @@ def _one_rank_group(caps):
 
 
 def measure(spec: str, geometry: Geometry, token_counts: list[int], device, warmup: int, repeats: int) -> list[dict]:
-    layer = LayerCase(num_experts=geometry.experts, hidden=geometry.hidden, intermediate=geometry.intermediate,
-                      top_k=geometry.top_k, capacity=max(token_counts), weight_seed=7)
+    layer = LayerCase(
+        num_experts=geometry.experts,
+        hidden=geometry.hidden,
+        intermediate=geometry.intermediate,
+        top_k=geometry.top_k,
+        capacity=max(token_counts),
+        weight_seed=7,
+    )
     w13, w2 = make_weights(layer)
     if spec == "torch":
         impl, weight_bytes = TorchMoE(w13, w2, device), 2.0
@@ -156,8 +174,9 @@ def measure(spec: str, geometry: Geometry, token_counts: list[int], device, warm
 
         implementation = load(spec)
         try:  # every registered implementation, built at one rank as the rank pools build it
-            impl = implementation.build(RankContext(0, 1, device, _one_rank_group(implementation.capabilities)),
-                                        layer, w13, w2)
+            impl = implementation.build(
+                RankContext(0, 1, device, _one_rank_group(implementation.capabilities)), layer, w13, w2
+            )
         except Exception as err:  # noqa: BLE001 (a refused capacity or geometry is a row of the table)
             return [_error_row(spec, geometry, err)]
         # bytes a weight streams from HBM: E2M1 half a byte (FP8 x FP4 recipes name both, so FP4 first)
@@ -183,8 +202,11 @@ def measure(spec: str, geometry: Geometry, token_counts: list[int], device, warm
 
 @cli.command("tools.bench_latency")
 def main(argv=None) -> int:
-    p = cli.Parser("tools.bench_latency", description=__doc__.splitlines()[0],
-                   codes={cli.INPUT: "a bad argument: an unknown --geometry, or --tokens not integers"})
+    p = cli.Parser(
+        "tools.bench_latency",
+        description=__doc__.splitlines()[0],
+        codes={cli.INPUT: "a bad argument: an unknown --geometry, or --tokens not integers"},
+    )
     p.add_argument("--impl", action="append", help="default: torch and every SM90 backend that can run here")
     p.add_argument("--geometry", default="deepseek-v3-like,glm-flash-like")
     p.add_argument("--tokens", default="8,64,512,1024,8192")
@@ -195,8 +217,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     unknown = [name for name in a.geometry.split(",") if name not in GEOMETRIES]
     if unknown or not all(t.strip().isdigit() for t in a.tokens.split(",")):
-        raise cli.InputError(f"--geometry {a.geometry} --tokens {a.tokens}: the geometries are some of "
-                             f"{', '.join(GEOMETRIES)}, the token counts integers, comma-separated")
+        raise cli.InputError(
+            f"--geometry {a.geometry} --tokens {a.tokens}: the geometries are some of "
+            f"{', '.join(GEOMETRIES)}, the token counts integers, comma-separated"
+        )
     device = torch.device(a.device)
     specs = a.impl
     if specs is None:

@@ -6,6 +6,7 @@ Efficiency = (reference FLOP/s) / (torch.matmul FLOP/s on the same per-expert GE
 threads). FLOPs counted: 2 * routed rows * (2I * H + H * I). Weight preparation (quantization) is done
 once per layer and reported separately.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,11 @@ def best_of(fn, repeats):
 
 @cli.command("tools.bench_reference")
 def main(argv=None) -> int:
-    p = cli.Parser("tools.bench_reference", description=__doc__.splitlines()[1],
-                   codes={cli.INPUT: "a bad argument, or --recipes names an unknown recipe"})
+    p = cli.Parser(
+        "tools.bench_reference",
+        description=__doc__.splitlines()[1],
+        codes={cli.INPUT: "a bad argument, or --recipes names an unknown recipe"},
+    )
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--experts", type=int, default=64)
     p.add_argument("--top-k", type=int, default=8)
@@ -47,8 +51,8 @@ def main(argv=None) -> int:
     t, e, k, h, i = a.tokens, a.experts, a.top_k, a.hidden, a.inter
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(t, h, generator=gen).to(torch.bfloat16)
-    w13 = (torch.randn(e, 2 * i, h, generator=gen) * h ** -0.5).to(torch.bfloat16)
-    w2 = (torch.randn(e, h, i, generator=gen) * i ** -0.5).to(torch.bfloat16)
+    w13 = (torch.randn(e, 2 * i, h, generator=gen) * h**-0.5).to(torch.bfloat16)
+    w2 = (torch.randn(e, h, i, generator=gen) * i**-0.5).to(torch.bfloat16)
     ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
     w = torch.rand(t, k, generator=gen)
     rows = t * k
@@ -58,17 +62,25 @@ def main(argv=None) -> int:
     m = rows // e
     a1, b1 = torch.randn(m, h), torch.randn(2 * i, h)
     a2, b2 = torch.randn(m, i), torch.randn(h, i)
+
     def baseline():
         for _ in range(e):
             torch.matmul(a1, b1.t())
             torch.matmul(a2, b2.t())
+
     baseline()
     base_s = best_of(baseline, a.repeats)
     base_rate = 2 * m * e * (2 * i * h + h * i) / base_s
-    report = {"shape": dict(T=t, E=e, K=k, H=h, I=i), "threads": torch.get_num_threads(),
-              "matmul_gflops": base_rate / 1e9, "recipes": {}}
-    print(f"T={t} E={e} K={k} H={h} I={i}, {torch.get_num_threads()} threads; "
-          f"torch.matmul baseline {base_rate / 1e9:.1f} GFLOP/s")
+    report = {
+        "shape": dict(T=t, E=e, K=k, H=h, I=i),
+        "threads": torch.get_num_threads(),
+        "matmul_gflops": base_rate / 1e9,
+        "recipes": {},
+    }
+    print(
+        f"T={t} E={e} K={k} H={h} I={i}, {torch.get_num_threads()} threads; "
+        f"torch.matmul baseline {base_rate / 1e9:.1f} GFLOP/s"
+    )
     for name in a.recipes.split(","):
         recipe = recipes.ALL_RECIPES[name]
         start = time.perf_counter()
@@ -77,10 +89,16 @@ def main(argv=None) -> int:
         moe_reference(x[:64], ids[:64], w[:64], prepared, None, recipe)  # warm-up
         run_s = best_of(lambda: moe_reference(x, ids, w, prepared, None, recipe), a.repeats)
         rate = flops / run_s
-        report["recipes"][name] = {"seconds": run_s, "gflops": rate / 1e9, "efficiency": rate / base_rate,
-                                   "weight_prep_seconds": prep_s}
-        print(f"  {name:28s} {run_s:7.2f} s  {rate / 1e9:7.1f} GFLOP/s  efficiency {rate / base_rate:.2f}  "
-              f"(weight preparation {prep_s:.2f} s, once per layer)")
+        report["recipes"][name] = {
+            "seconds": run_s,
+            "gflops": rate / 1e9,
+            "efficiency": rate / base_rate,
+            "weight_prep_seconds": prep_s,
+        }
+        print(
+            f"  {name:28s} {run_s:7.2f} s  {rate / 1e9:7.1f} GFLOP/s  efficiency {rate / base_rate:.2f}  "
+            f"(weight preparation {prep_s:.2f} s, once per layer)"
+        )
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(report, fh, indent=2)

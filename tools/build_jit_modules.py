@@ -20,6 +20,7 @@ a GPU can make and that FlashInfer cannot recover from: calls into the CUDA driv
 NEEDED libraries (``ci/aot_linkage.py``; the dynamic loader ends the process at the module's first driver call:
 reference.evidence.AOT_CRASH_AND_CUT_SHORT).
 """
+
 from __future__ import annotations
 
 import importlib.metadata
@@ -60,8 +61,11 @@ def _toolkit(specs, given: str | None, nvcc: Path, folder: Path | None) -> Path:
         print(f"CUDA_HOME={given} lacks:\n  " + "\n  ".join(lacks))
     major = toolkit_assembly.release(nvcc).split(".")[0]
     folder = folder or toolkit_assembly.cache_root() / f"toolkit-cu{major}"
-    print(f"assembling a CUDA toolkit in {folder} from {nvcc} ({len(lacks)} pieces missing from {candidate}) "
-          f"and the wheels {' '.join(toolkit_assembly.PINS.get(int(major), ()))}", flush=True)
+    print(
+        f"assembling a CUDA toolkit in {folder} from {nvcc} ({len(lacks)} pieces missing from {candidate}) "
+        f"and the wheels {' '.join(toolkit_assembly.PINS.get(int(major), ()))}",
+        flush=True,
+    )
     cuda = toolkit_assembly.assemble(nvcc, folder)
     if lacks := toolkit_check.missing(cuda, needs, after):
         raise toolkit_assembly.AssemblyError(f"the assembled toolkit {cuda} lacks:\n  " + "\n  ".join(lacks))
@@ -85,17 +89,22 @@ def _build(spec) -> tuple[Path | None, str]:
 def _pack(built: dict[str, Path], out: Path, version: str) -> None:
     from flashinfer.jit.cpp_ext import get_cuda_path
 
-    nvcc = subprocess.run([os.path.join(get_cuda_path(), "bin", "nvcc"), "--version"],
-                          capture_output=True, text=True).stdout.strip().splitlines()
+    nvcc = (
+        subprocess.run([os.path.join(get_cuda_path(), "bin", "nvcc"), "--version"], capture_output=True, text=True)
+        .stdout.strip()
+        .splitlines()
+    )
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "flashinfer-aot"
         for name, library in built.items():
             (root / name).mkdir(parents=True)
             shutil.copy2(library, root / name / f"{name}.so")
         root.mkdir(exist_ok=True)
-        (root / "BUILD_INFO").write_text(f"flashinfer-python {version}\n"
-                                         f"arch {os.environ['FLASHINFER_CUDA_ARCH_LIST']}\n"
-                                         f"nvcc {nvcc[-1] if nvcc else 'unknown'}\n")
+        (root / "BUILD_INFO").write_text(
+            f"flashinfer-python {version}\n"
+            f"arch {os.environ['FLASHINFER_CUDA_ARCH_LIST']}\n"
+            f"nvcc {nvcc[-1] if nvcc else 'unknown'}\n"
+        )
         out.parent.mkdir(parents=True, exist_ok=True)
         with tarfile.open(out, "w:gz") as tar:
             tar.add(root, arcname="flashinfer-aot")
@@ -103,15 +112,24 @@ def _pack(built: dict[str, Path], out: Path, version: str) -> None:
 
 @cli.command("tools.build_jit_modules")
 def main(argv=None) -> int:
-    p = cli.Parser("tools.build_jit_modules", description=__doc__.splitlines()[0],
-                   codes={cli.VERDICT: "a module failed to build (the others are packed)",
-                          cli.INPUT: "a bad argument; CUDA_HOME without bin/nvcc; or a flashinfer-python version "
-                                     "with no JIT module table",
-                          cli.INCOMPLETE: "no flashinfer-python, no nvcc, or a toolkit that lacks what the modules "
-                                          "need (the output says what)"})
+    p = cli.Parser(
+        "tools.build_jit_modules",
+        description=__doc__.splitlines()[0],
+        codes={
+            cli.VERDICT: "a module failed to build (the others are packed)",
+            cli.INPUT: "a bad argument; CUDA_HOME without bin/nvcc; or a flashinfer-python version "
+            "with no JIT module table",
+            cli.INCOMPLETE: "no flashinfer-python, no nvcc, or a toolkit that lacks what the modules "
+            "need (the output says what)",
+        },
+    )
     p.add_argument("--out", type=Path, default=ROOT / ".gpu" / "jit" / "fi-aot.tgz")
-    p.add_argument("--toolkit", type=Path, default=None,
-                   help="where to assemble a toolkit when there is none (default ~/.cache/moe-conformance/toolkit-cuN)")
+    p.add_argument(
+        "--toolkit",
+        type=Path,
+        default=None,
+        help="where to assemble a toolkit when there is none (default ~/.cache/moe-conformance/toolkit-cuN)",
+    )
     p.add_argument("--list", action="store_true", help="list the modules and build nothing")
     a = p.parse_args(argv)
     os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
@@ -129,8 +147,10 @@ def main(argv=None) -> int:
     given = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     nvcc = Path(given) / "bin" / "nvcc" if given else Path(shutil.which("nvcc") or "/nonexistent/nvcc")
     if not nvcc.exists():
-        print(f"no nvcc: {'CUDA_HOME has no bin/nvcc' if given else 'none on the PATH and CUDA_HOME unset'}; "
-              f"nvcc of the GPU host's CUDA major is needed (a toolkit's, or the nvidia-cuda-nvcc wheel's)")
+        print(
+            f"no nvcc: {'CUDA_HOME has no bin/nvcc' if given else 'none on the PATH and CUDA_HOME unset'}; "
+            f"nvcc of the GPU host's CUDA major is needed (a toolkit's, or the nvidia-cuda-nvcc wheel's)"
+        )
         return cli.INPUT if given else cli.INCOMPLETE
     try:
         _use(Path(given) if given else toolkit_assembly.top(nvcc))  # the generators ask nvcc its version
@@ -149,8 +169,9 @@ def main(argv=None) -> int:
     for kernel, spec, _ in modules:
         started = time.monotonic()
         library, said = _build(spec)
-        print(f"{kernel}: {spec.name} {said}" + (f" in {time.monotonic() - started:.0f} s" if library else ""),
-              flush=True)
+        print(
+            f"{kernel}: {spec.name} {said}" + (f" in {time.monotonic() - started:.0f} s" if library else ""), flush=True
+        )
         if library:
             built[spec.name] = library
         else:

@@ -9,6 +9,7 @@ product magnitude summed over routes, see reference.moe.moe_terms),
 and the relative L2 against the textbook oracle. The tolerance in reference/recipes.py is set from the
 maxima with a margin, and the numbers are quoted in the recipe's reason and the validation log.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,15 @@ def draw_method(rng: random.Random, top_k: int) -> str:
 def metrics(out: torch.Tensor, ref: torch.Tensor, term_mag: torch.Tensor, tol) -> dict:
     """The comparison's own metrics (fixtures.compare), and whether the tolerance held."""
     verdict = compare(out, ref, term_mag, tol)
-    return {"rel_l2": 0.0, "cosine": 1.0, "row_rel_max": 0.0, "row_mag_max": 0.0, "band_units_max": 0.0,
-            **verdict.metrics, "ok": verdict.ok}
+    return {
+        "rel_l2": 0.0,
+        "cosine": 1.0,
+        "row_rel_max": 0.0,
+        "row_mag_max": 0.0,
+        "band_units_max": 0.0,
+        **verdict.metrics,
+        "ok": verdict.ok,
+    }
 
 
 def systematic_stats(found) -> dict:
@@ -57,10 +65,15 @@ def systematic_stats(found) -> dict:
 
 @cli.command("tools.calibrate")
 def main(argv=None) -> int:
-    p = cli.Parser("tools.calibrate", description="measure error distributions",
-                   codes={cli.INPUT: "a bad argument, or an --impl that does not load",
-                          cli.NOTHING_TESTED: "nothing measured: the implementation skips at this EP size here (the "
-                                              "line says why), or it was stopped before its first batch"})
+    p = cli.Parser(
+        "tools.calibrate",
+        description="measure error distributions",
+        codes={
+            cli.INPUT: "a bad argument, or an --impl that does not load",
+            cli.NOTHING_TESTED: "nothing measured: the implementation skips at this EP size here (the "
+            "line says why), or it was stopped before its first batch",
+        },
+    )
     p.add_argument("--impl", required=True)
     p.add_argument("--ep", type=int, default=1)
     p.add_argument("--batches", type=int, default=30)
@@ -79,8 +92,11 @@ def main(argv=None) -> int:
     subject = Subject(a.impl, impl, a.ep)
     layers = layer_pool(impl.capabilities, a.ep)
     if a.models:
-        layers += [model_layer(m, impl.capabilities, a.ep, max_experts=a.models)
-                   for m in MODELS if not fits(m, impl.capabilities)]
+        layers += [
+            model_layer(m, impl.capabilities, a.ep, max_experts=a.models)
+            for m in MODELS
+            if not fits(m, impl.capabilities)
+        ]
     tol, bounds = impl.capabilities.effective_tolerance, impl.capabilities.calibration_systematic
     device = oracle.oracle_device(subject)
     rng = random.Random(0)
@@ -93,23 +109,41 @@ def main(argv=None) -> int:
             for n in range(max(1, a.batches // len(layers))):
                 method = draw_method(rng, layer.top_k)
                 tokens = (rng.randint(1, min(a.tokens, layer.capacity)),) * a.ep
-                scenario = Scenario(layer, (BatchCase(tokens=tokens, seed=rng.randrange(2**31), method=method,
-                                                      input_scale=rng.choice([1.0, 4.0])),), a.ep)
+                scenario = Scenario(
+                    layer,
+                    (
+                        BatchCase(
+                            tokens=tokens, seed=rng.randrange(2**31), method=method, input_scale=rng.choice([1.0, 4.0])
+                        ),
+                    ),
+                    a.ep,
+                )
                 run = run_scenario(subject, scenario)
                 exp = oracle.expected(scenario, subject.recipe_for(scenario), device, with_terms=True)[0]
                 got = torch.cat(run.outputs[0])
                 found = systematic.estimates([got], exp.ref, exp.term_mag, exp.offsets, exp.terms, exp.ids)
-                row = {"layer": [layer.hidden, layer.intermediate, layer.num_experts, layer.top_k, layer.clamp_limit],
-                       "tokens": sum(tokens), "method": method, **metrics(got, exp.ref, exp.term_mag, tol),
-                       **systematic_stats(found)}
+                row = {
+                    "layer": [layer.hidden, layer.intermediate, layer.num_experts, layer.top_k, layer.clamp_limit],
+                    "tokens": sum(tokens),
+                    "method": method,
+                    **metrics(got, exp.ref, exp.term_mag, tol),
+                    **systematic_stats(found),
+                }
                 if bounds is not None:  # the conformance check's own rule: how many it judged, which it would fail
                     judged = systematic.judge(found, bounds)
                     row["statistic_checks"] = len(judged)
                     row["false_alarms"] = [str(e) for e, _, excess in judged if excess > 0]
                 batch = make_batch(layer, scenario.batches[0], a.ep)
                 if batch.topk_ids.numel() <= 2048:
-                    tb = textbook_for_recipe(batch.hidden_states, batch.topk_ids, batch.topk_weights, w13, w2,
-                                             subject.recipe_for(scenario), device=device).cpu()
+                    tb = textbook_for_recipe(
+                        batch.hidden_states,
+                        batch.topk_ids,
+                        batch.topk_weights,
+                        w13,
+                        w2,
+                        subject.recipe_for(scenario),
+                        device=device,
+                    ).cpu()
                     row["textbook_rel_l2"] = ((got.double() - tb).norm() / tb.norm()).item()
                 rows.append(row)
                 print(json.dumps(row), flush=True)

@@ -7,6 +7,7 @@ The stub is only linked against, never run: on the GPU host the module finds the
 must define the symbols, or the linker's ``--as-needed`` drops it and the module does not list libcuda.so.1 at all
 (``ci.aot_linkage`` says why that ends the process on the GPU host). Each function returns CUDA_ERROR_UNKNOWN.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,8 +38,13 @@ def entry_points(cuda_home: Path, cc: str) -> list[str]:
     header = cuda_home / "include" / "cuda.h"
     names = set(DECLARATION.findall(header.read_text()))
     for defines in ([], ["-DCUDA_API_PER_THREAD_DEFAULT_STREAM"]):
-        done = subprocess.run([cc, "-E", "-P", "-x", "c", *defines, f"-I{cuda_home / 'include'}", str(header)],
-                              capture_output=True, text=True, check=True, timeout=120)
+        done = subprocess.run(
+            [cc, "-E", "-P", "-x", "c", *defines, f"-I{cuda_home / 'include'}", str(header)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        )
         names |= set(DECLARATION.findall(done.stdout))
     return sorted(names)
 
@@ -49,17 +55,23 @@ def write(cuda_home: Path, out: Path, cc: str = "cc") -> int:
         source = Path(tmp) / "libcuda_stub.c"
         source.write_text("".join(f"int {n}(void) {{ return {CUDA_ERROR_UNKNOWN}; }}\n" for n in names))
         out.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(out), str(source)],
-                       check=True, timeout=300)
+        subprocess.run(
+            [cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(out), str(source)], check=True, timeout=300
+        )
     return len(names)
 
 
 @cli.command("tools.driver_stub")
 def main(argv=None) -> int:
-    p = cli.Parser("tools.driver_stub", description=__doc__.splitlines()[0],
-                   codes={cli.VERDICT: "the stub was written, yet exports no driver entry point",
-                          cli.INPUT: "--cuda-home names no folder",
-                          cli.INCOMPLETE: "no --cuda-home, and FlashInfer cannot name a CUDA toolkit here"})
+    p = cli.Parser(
+        "tools.driver_stub",
+        description=__doc__.splitlines()[0],
+        codes={
+            cli.VERDICT: "the stub was written, yet exports no driver entry point",
+            cli.INPUT: "--cuda-home names no folder",
+            cli.INCOMPLETE: "no --cuda-home, and FlashInfer cannot name a CUDA toolkit here",
+        },
+    )
     p.add_argument("--cuda-home", type=Path, default=None, help="default: the toolkit FlashInfer compiles with")
     p.add_argument("--out", type=Path, default=None)
     a = p.parse_args(argv)
@@ -69,10 +81,12 @@ def main(argv=None) -> int:
     if cuda_home is None:
         try:
             from flashinfer.jit.cpp_ext import get_cuda_path
+
             cuda_home = Path(get_cuda_path())
         except Exception as err:  # noqa: BLE001 (no FlashInfer, or no toolkit it can find)
-            raise cli.Incomplete(f"no CUDA toolkit found through FlashInfer ({type(err).__name__}: {err}); "
-                                 "give --cuda-home") from None
+            raise cli.Incomplete(
+                f"no CUDA toolkit found through FlashInfer ({type(err).__name__}: {err}); give --cuda-home"
+            ) from None
     out = a.out or cuda_home / "lib64" / "stubs" / "libcuda.so"
     cc = os.environ.get("CC") or shutil.which("cc") or "gcc"
     count = write(cuda_home, out, cc)

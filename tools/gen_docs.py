@@ -13,6 +13,7 @@
 * the exit-code table between ``<!-- exit-codes:begin -->`` and ``<!-- exit-codes:end -->`` in ``docs/running.md``,
   from ``ci.cli.EXIT_CODES``.
 """
+
 from __future__ import annotations
 
 import re
@@ -37,6 +38,7 @@ def _generated(source: str) -> str:
 def _link_evidence(text: str) -> str:
     """``text`` with links from docs/: ``evidence/...`` paths that exist, and ``kernels §N`` to that section of
     docs/flashinfer-kernels.md where it has one."""
+
     def link(m: re.Match) -> str:
         path = m.group(1)
         return f"[{path}](../{path})" if (ROOT / path).exists() else path
@@ -47,6 +49,7 @@ def _link_evidence(text: str) -> str:
     def section(m: re.Match) -> str:
         found = [h for h in headings if re.match(rf"{re.escape(m.group(1))}\.?\s", h)]
         return f"[{m.group(0)}]({KERNELS_PAGE}#{_slug(found[0])})" if found else m.group(0)
+
     return KERNELS_SECTION.sub(section, EVIDENCE_PATH.sub(link, text))
 
 
@@ -72,26 +75,33 @@ def _evidence_of(record) -> str:
 def _tolerance_lines(tol) -> list[str]:
     if tol.bitwise:
         return ["- tolerance: bitwise (`torch.equal`)", f"- why: {_link_evidence(tol.reason)}"]
-    lines = [f"- tolerance: relative L2 <= {tol.rel_l2:g}, cosine >= {tol.cosine:g}; per token relative L2 <= "
-             f"{tol.row_rel_l2:g} + {tol.row_floor:g} of the term magnitude; per element {tol.band_c:g} x 2^-8 "
-             f"of the term magnitude + {tol.band_atol:g}; textbook relative L2 <= {tol.textbook_rel_l2:g}",
-             f"- why: {_link_evidence(tol.reason)}"]
+    lines = [
+        f"- tolerance: relative L2 <= {tol.rel_l2:g}, cosine >= {tol.cosine:g}; per token relative L2 <= "
+        f"{tol.row_rel_l2:g} + {tol.row_floor:g} of the term magnitude; per element {tol.band_c:g} x 2^-8 "
+        f"of the term magnitude + {tol.band_atol:g}; textbook relative L2 <= {tol.textbook_rel_l2:g}",
+        f"- why: {_link_evidence(tol.reason)}",
+    ]
     s = tol.systematic
     if s:
-        lines += [f"- systematic bounds: gain {s.gain_floor:g}, bias {s.bias_floor:g}, one expert's gain "
-                  f"{s.expert_gain_floor:g}, one rank's gain {s.rank_gain_floor:g} (floors), plus {s.k:g} robust "
-                  f"standard errors; resolves a uniform scale of {s.resolution[0]:g} and one expert's of "
-                  f"{s.resolution[1]:g}", f"- why: {_link_evidence(s.reason)}"]
+        lines += [
+            f"- systematic bounds: gain {s.gain_floor:g}, bias {s.bias_floor:g}, one expert's gain "
+            f"{s.expert_gain_floor:g}, one rank's gain {s.rank_gain_floor:g} (floors), plus {s.k:g} robust "
+            f"standard errors; resolves a uniform scale of {s.resolution[0]:g} and one expert's of "
+            f"{s.resolution[1]:g}",
+            f"- why: {_link_evidence(s.reason)}",
+        ]
     return lines
 
 
 def _constraints(d) -> list[str]:
-    lines = [f"H a multiple of {d.hidden_multiple}, I a multiple of {d.intermediate_multiple}; top-k in "
-             f"{_join(d.top_k_values)}; at most {d.max_tokens_per_rank} tokens a rank; expert ids {d.topk_ids_dtype}",
-             "masked ids (-1) accepted" if d.supports_masked_ids else "masked ids (-1) not accepted",
-             f"clamp passed as `{d.clamp_field}`" if d.clamp_field else "no gate/up clamp",
-             "ranks may share a GPU" if d.ranks_share_device else "a GPU per EP rank",
-             "deterministic" if d.deterministic else "not deterministic"]
+    lines = [
+        f"H a multiple of {d.hidden_multiple}, I a multiple of {d.intermediate_multiple}; top-k in "
+        f"{_join(d.top_k_values)}; at most {d.max_tokens_per_rank} tokens a rank; expert ids {d.topk_ids_dtype}",
+        "masked ids (-1) accepted" if d.supports_masked_ids else "masked ids (-1) not accepted",
+        f"clamp passed as `{d.clamp_field}`" if d.clamp_field else "no gate/up clamp",
+        "ranks may share a GPU" if d.ranks_share_device else "a GPU per EP rank",
+        "deterministic" if d.deterministic else "not deterministic",
+    ]
     if d.accumulation_limit:
         k, key = d.accumulation_limit
         lines.append(f"held to the recipe up to a GEMM reduction length of {k}, to finding {key} beyond it")
@@ -112,36 +122,64 @@ def render_backends() -> str:
 
     rows = sorted(ALL_DESCRIPTORS, key=lambda d: (int(d.arch[2:]), d.impl_name))
     ep = {d.impl_name: _join(capabilities(d).ep_sizes) or "none the suite runs" for d in rows}
-    out = ["# FlashInfer backends", "", _generated("fixtures/flashinfer/descriptors.py"), "",
-           "Every FlashInfer MegaMoE kernel the suite has a descriptor for. `--impl` takes the name in the first "
-           "column; `python -m ci.backends ARCH` lists those the installed FlashInfer registers. A kernel runs "
-           "only on a GPU of its arch and skips elsewhere with the reason. Findings are in [findings.md]"
-           "(findings.md), how tolerances work in [tolerances.md](tolerances.md).", "",
-           "| backend (`--impl`) | arch | recipe | EP sizes | FlashInfer | findings |", "|---|---|---|---|---|---|"]
+    out = [
+        "# FlashInfer backends",
+        "",
+        _generated("fixtures/flashinfer/descriptors.py"),
+        "",
+        "Every FlashInfer MegaMoE kernel the suite has a descriptor for. `--impl` takes the name in the first "
+        "column; `python -m ci.backends ARCH` lists those the installed FlashInfer registers. A kernel runs "
+        "only on a GPU of its arch and skips elsewhere with the reason. Findings are in [findings.md]"
+        "(findings.md), how tolerances work in [tolerances.md](tolerances.md).",
+        "",
+        "| backend (`--impl`) | arch | recipe | EP sizes | FlashInfer | findings |",
+        "|---|---|---|---|---|---|",
+    ]
     recipes = {}
     for d in rows:
         recipes.setdefault(d.recipe.name, d.recipe)
-        out.append(f"| [`{d.impl_name}`](#{_slug(d.impl_name)}) | {d.arch} | [`{d.recipe.name}`]"
-                   f"(#{_slug('recipe ' + d.recipe.name)}) | {ep[d.impl_name]} | {_join(d.versions)} "
-                   f"| {_finding_links(d.findings)} |")
+        out.append(
+            f"| [`{d.impl_name}`](#{_slug(d.impl_name)}) | {d.arch} | [`{d.recipe.name}`]"
+            f"(#{_slug('recipe ' + d.recipe.name)}) | {ep[d.impl_name]} | {_join(d.versions)} "
+            f"| {_finding_links(d.findings)} |"
+        )
     for d in rows:
         config = "".join(f", `{k}={v!r}`" for k, v in d.config)
-        out += ["", f"## `{d.impl_name}`", "",
-                f"- kernel `{d.kernel_name}`, config `{d.config_class}`{config}"
-                + (f"; also registered as {_join(f'`{a}`' for a in d.aliases)}" if d.aliases else ""),
-                f"- arch {d.arch}; FlashInfer {_join(d.versions)}; EP sizes {ep[d.impl_name]}",
-                f"- recipe [`{d.recipe.name}`](#{_slug('recipe ' + d.recipe.name)})",
-                *(f"- {line}" for line in _constraints(d)),
-                f"- findings: {_finding_links(d.findings)}"]
-        out += [f"- knob `{k.name}` ({k.kind}): {_join(repr(v) for v in k.values)}"
-                + (" (bit-identical output promised)" if k.bitwise else "") for k in d.knobs]
-        out += [f"- facts from: {_cell(d.source)}",
-                f"- evidence: {_cell(_evidence_of(d) or 'none yet: it has not run on hardware here')}"]
+        out += [
+            "",
+            f"## `{d.impl_name}`",
+            "",
+            f"- kernel `{d.kernel_name}`, config `{d.config_class}`{config}"
+            + (f"; also registered as {_join(f'`{a}`' for a in d.aliases)}" if d.aliases else ""),
+            f"- arch {d.arch}; FlashInfer {_join(d.versions)}; EP sizes {ep[d.impl_name]}",
+            f"- recipe [`{d.recipe.name}`](#{_slug('recipe ' + d.recipe.name)})",
+            *(f"- {line}" for line in _constraints(d)),
+            f"- findings: {_finding_links(d.findings)}",
+        ]
+        out += [
+            f"- knob `{k.name}` ({k.kind}): {_join(repr(v) for v in k.values)}"
+            + (" (bit-identical output promised)" if k.bitwise else "")
+            for k in d.knobs
+        ]
+        out += [
+            f"- facts from: {_cell(d.source)}",
+            f"- evidence: {_cell(_evidence_of(d) or 'none yet: it has not run on hardware here')}",
+        ]
     out += _megamoe_rows(recipes)
-    out += ["", "## Recipes", "", "What each backend's reference rounds, and how close the backend must come "
-            "(`reference/recipes.py`)."]
+    out += [
+        "",
+        "## Recipes",
+        "",
+        "What each backend's reference rounds, and how close the backend must come (`reference/recipes.py`).",
+    ]
     for name, recipe in sorted(recipes.items()):
-        out += ["", f"### recipe `{name}`", "", f"- rounds: {_cell(recipe.source)}", *_tolerance_lines(recipe.tolerance)]
+        out += [
+            "",
+            f"### recipe `{name}`",
+            "",
+            f"- rounds: {_cell(recipe.source)}",
+            *_tolerance_lines(recipe.tolerance),
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -150,26 +188,39 @@ def _megamoe_rows(recipes: dict) -> list[str]:
     from fixtures.flashinfer.megamoe_adapter import capabilities
     from fixtures.flashinfer.megamoe_paths import PACKAGE, PATHS, VERSIONS
 
-    out = ["", f"## `{PACKAGE}`", "", f"The SM90 W4A8 MegaMoE of FlashInfer {_join(VERSIONS)}, a package apart from the "
-           "`moe_ep` registry (`fixtures/flashinfer/megamoe_paths.py`; facts: [megamoe-sm90.md](megamoe-sm90.md)). "
-           "Each path needs one Hopper GPU per rank, on NVLink.", "",
-           "| path (`--impl`) | entry point | recipe | EP sizes | findings |", "|---|---|---|---|---|"]
+    out = [
+        "",
+        f"## `{PACKAGE}`",
+        "",
+        f"The SM90 W4A8 MegaMoE of FlashInfer {_join(VERSIONS)}, a package apart from the "
+        "`moe_ep` registry (`fixtures/flashinfer/megamoe_paths.py`; facts: [megamoe-sm90.md](megamoe-sm90.md)). "
+        "Each path needs one Hopper GPU per rank, on NVLink.",
+        "",
+        "| path (`--impl`) | entry point | recipe | EP sizes | findings |",
+        "|---|---|---|---|---|",
+    ]
     sections = []
     for path in PATHS:
         recipes.setdefault(path.recipe.name, path.recipe)
         caps = capabilities(path)
         family = f"(kernel_family={path.kernel_family!r})" if path.kernel_family else ""
-        out.append(f"| `{path.name}` | `{path.function}{family}` | [`{path.recipe.name}`]"
-                   f"(#{_slug('recipe ' + path.recipe.name)}) | {_join(caps.ep_sizes)} | "
-                   f"{_finding_links(path.findings)} |")
-        sections += ["", f"### `{path.name}`", "",
-                     f"- H a multiple of {caps.hidden_multiple} (of 512 above 4096), I a multiple of "
-                     f"{caps.intermediate_multiple}" + (", 2I <= H" if path.half_intermediate else ""),
-                     f"- top-k in {_join(caps.top_k_values)}; at most {caps.max_tokens_per_rank} tokens a rank in the "
-                     "generic suites; equal token counts on every rank (the adapter pads with -1 routes)",
-                     f"- clamp {caps.clamp_when_none:g} where the layer has none (the package cannot run unclamped)",
-                     f"- facts from: {_cell(path.source)}",
-                     f"- evidence: {_cell(path.evidence or 'none yet: it has not run on hardware here')}"]
+        out.append(
+            f"| `{path.name}` | `{path.function}{family}` | [`{path.recipe.name}`]"
+            f"(#{_slug('recipe ' + path.recipe.name)}) | {_join(caps.ep_sizes)} | "
+            f"{_finding_links(path.findings)} |"
+        )
+        sections += [
+            "",
+            f"### `{path.name}`",
+            "",
+            f"- H a multiple of {caps.hidden_multiple} (of 512 above 4096), I a multiple of "
+            f"{caps.intermediate_multiple}" + (", 2I <= H" if path.half_intermediate else ""),
+            f"- top-k in {_join(caps.top_k_values)}; at most {caps.max_tokens_per_rank} tokens a rank in the "
+            "generic suites; equal token counts on every rank (the adapter pads with -1 routes)",
+            f"- clamp {caps.clamp_when_none:g} where the layer has none (the package cannot run unclamped)",
+            f"- facts from: {_cell(path.source)}",
+            f"- evidence: {_cell(path.evidence or 'none yet: it has not run on hardware here')}",
+        ]
     return out + sections
 
 
@@ -180,25 +231,42 @@ def render_findings() -> str:
 
     from fixtures.flashinfer.megamoe_paths import PATHS as MEGAMOE_PATHS
 
-    shown = {key: [f"`{d.impl_name}`" for d in ALL_DESCRIPTORS if key in d.findings]
-             + [f"routing op `{op.name}`" for op in OPS if key in op.findings]
-             + [f"`{p.name}`" for p in MEGAMOE_PATHS if key in p.findings] for key in findings.FINDINGS}
+    shown = {
+        key: [f"`{d.impl_name}`" for d in ALL_DESCRIPTORS if key in d.findings]
+        + [f"routing op `{op.name}`" for op in OPS if key in op.findings]
+        + [f"`{p.name}`" for p in MEGAMOE_PATHS if key in p.findings]
+        for key in findings.FINDINGS
+    }
     evidence = getattr(findings, "EVIDENCE", {})
-    out = ["# Findings", "", _generated("fixtures/findings.py"), "",
-           "A finding is FlashInfer misbehaviour seen on hardware (or read in its source and then seen), numbered "
-           "once and never reused. A descriptor lists the findings its kernel shows; the generic checks route "
-           "around one only through a capability (never a looser tolerance), and one test per finding reproduces "
-           "it as an expected failure, which turns red once FlashInfer fixes it, so the finding is retired on "
-           "purpose. Findings in the API run on CPU as strict xfails.", "",
-           "| finding | FlashInfer versions | shown by |", "|---|---|---|"]
+    out = [
+        "# Findings",
+        "",
+        _generated("fixtures/findings.py"),
+        "",
+        "A finding is FlashInfer misbehaviour seen on hardware (or read in its source and then seen), numbered "
+        "once and never reused. A descriptor lists the findings its kernel shows; the generic checks route "
+        "around one only through a capability (never a looser tolerance), and one test per finding reproduces "
+        "it as an expected failure, which turns red once FlashInfer fixes it, so the finding is retired on "
+        "purpose. Findings in the API run on CPU as strict xfails.",
+        "",
+        "| finding | FlashInfer versions | shown by |",
+        "|---|---|---|",
+    ]
     keys = sorted(findings.FINDINGS, key=lambda k: int(k[1:]))
     for key in keys:
-        out.append(f"| [{key}](#{key.lower()}) | {_join(findings.VERSIONS.get(key, ('all',)))} | "
-                   f"{_join(shown[key]) or '-'} |")
+        out.append(
+            f"| [{key}](#{key.lower()}) | {_join(findings.VERSIONS.get(key, ('all',)))} | {_join(shown[key]) or '-'} |"
+        )
     for key in keys:
-        out += ["", f"## {key}", "", _link_evidence(findings.FINDINGS[key]), "",
-                f"- FlashInfer versions: {_join(findings.VERSIONS.get(key, ('all',)))}",
-                f"- shown by: {_join(shown[key]) or 'no descriptor lists it (an API finding, or one kept for the record)'}"]
+        out += [
+            "",
+            f"## {key}",
+            "",
+            _link_evidence(findings.FINDINGS[key]),
+            "",
+            f"- FlashInfer versions: {_join(findings.VERSIONS.get(key, ('all',)))}",
+            f"- shown by: {_join(shown[key]) or 'no descriptor lists it (an API finding, or one kept for the record)'}",
+        ]
         if key in evidence:
             out.append(f"- evidence: {_cell(evidence[key])}")
     return "\n".join(out) + "\n"
@@ -217,40 +285,68 @@ def render_bug_ledger() -> str:
     def fault(row):
         return f"`{row.fault}`" if row.fault else "none (miss)"
 
-    out = ["# Bug ledger", "", _generated("fixtures/bug_ledger.py"), "",
-           "Classes of MoE correctness bugs that shipped in public kernels (FlashInfer, vLLM, SGLang, DeepGEMM, DeepEP, "
-           "TensorRT-LLM), each with the input that shows it, the check that catches it, and the fault in "
-           "`fixtures/backends/faulty.py` that models it on the CPU. Almost every class is exact at a default value "
-           "of one input dimension and wrong by O(1) once it moves; [strategies.md](strategies.md) says how the "
-           "strategies draw each such dimension.", "",
-           f"**CPU: {caught} of {applicable} rows that apply to MegaMoE are caught ({100 * caught / applicable:.1f}%; "
-           f"the floor is {bug_ledger.CPU_RATE_FLOOR:.0%}).** The status is asserted, not written: "
-           "`suites/meta/test_bug_ledger.py` runs each row's check on `faulty:<fault>` and demands a catch, runs the "
-           "same check on the clean reference and demands a pass, and computes the rate from the table. "
-           f"{len(rows)} rows; {len(rows) - applicable} do not apply to MegaMoE (router- or integration-side), and "
-           "stay in the table with the reason.", "",
-           "**GPU: every row waits for a GPU.** `suites/flashinfer/test_gpu_faults.py` wraps each SM90 "
-           "implementation in each row's fault (and replays a captured CUDA graph with changed inputs); those tests "
-           "skip without a GPU and have not run.", "",
-           "## Misses", "", "Rows that apply to MegaMoE and that no CPU fault models:", ""]
+    out = [
+        "# Bug ledger",
+        "",
+        _generated("fixtures/bug_ledger.py"),
+        "",
+        "Classes of MoE correctness bugs that shipped in public kernels (FlashInfer, vLLM, SGLang, DeepGEMM, DeepEP, "
+        "TensorRT-LLM), each with the input that shows it, the check that catches it, and the fault in "
+        "`fixtures/backends/faulty.py` that models it on the CPU. Almost every class is exact at a default value "
+        "of one input dimension and wrong by O(1) once it moves; [strategies.md](strategies.md) says how the "
+        "strategies draw each such dimension.",
+        "",
+        f"**CPU: {caught} of {applicable} rows that apply to MegaMoE are caught ({100 * caught / applicable:.1f}%; "
+        f"the floor is {bug_ledger.CPU_RATE_FLOOR:.0%}).** The status is asserted, not written: "
+        "`suites/meta/test_bug_ledger.py` runs each row's check on `faulty:<fault>` and demands a catch, runs the "
+        "same check on the clean reference and demands a pass, and computes the rate from the table. "
+        f"{len(rows)} rows; {len(rows) - applicable} do not apply to MegaMoE (router- or integration-side), and "
+        "stay in the table with the reason.",
+        "",
+        "**GPU: every row waits for a GPU.** `suites/flashinfer/test_gpu_faults.py` wraps each SM90 "
+        "implementation in each row's fault (and replays a captured CUDA graph with changed inputs); those tests "
+        "skip without a GPU and have not run.",
+        "",
+        "## Misses",
+        "",
+        "Rows that apply to MegaMoE and that no CPU fault models:",
+        "",
+    ]
     out += [f"- `{row.id}`: {row.miss}" for row in misses]
-    out += ["", "Rows that do not apply to MegaMoE and have no layer fault (the routing-op rows are held by the "
-            "routing-op check instead):", ""]
+    out += [
+        "",
+        "Rows that do not apply to MegaMoE and have no layer fault (the routing-op rows are held by the "
+        "routing-op check instead):",
+        "",
+    ]
     out += [f"- `{row.id}`: {row.miss}" for row in rows if row.fault is None and not row.applies_to_megamoe]
-    out += ["", "## Rows", "",
-            "| class | MegaMoE | check | CPU fault | CPU (asserted) | GPU | sources |", "|---|---|---|---|---|---|---|"]
+    out += [
+        "",
+        "## Rows",
+        "",
+        "| class | MegaMoE | check | CPU fault | CPU (asserted) | GPU | sources |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
-        out.append(f"| [`{row.id}`](#{_slug(row.id)}) | {'yes' if row.applies_to_megamoe else 'no'} | `{row.check}` | "
-                   f"{fault(row)} | {row.expected_cpu} | {row.gpu} | {sources(row)} |")
+        out.append(
+            f"| [`{row.id}`](#{_slug(row.id)}) | {'yes' if row.applies_to_megamoe else 'no'} | `{row.check}` | "
+            f"{fault(row)} | {row.expected_cpu} | {row.gpu} | {sources(row)} |"
+        )
     for row in rows:
-        out += ["", f"### {row.id}", "", _cell(row.klass), "",
-                f"- shows with: {_cell(row.shows_with)}",
-                f"- dimensions: {_join(f'`{d}`' for d in row.dimensions)}",
-                f"- check: `{row.check}`" + (" (the routing-op check)" if row.check == "routing" else ""),
-                f"- fault: `{row.fault}`: {_cell(FAULTS[row.fault])}" if row.fault else f"- fault: none: {row.miss}",
-                f"- MegaMoE: {'applies' if row.applies_to_megamoe else 'does not apply: ' + row.not_megamoe}",
-                f"- CPU: {row.expected_cpu}; GPU: {row.gpu}",
-                f"- sources: {sources(row)}"]
+        out += [
+            "",
+            f"### {row.id}",
+            "",
+            _cell(row.klass),
+            "",
+            f"- shows with: {_cell(row.shows_with)}",
+            f"- dimensions: {_join(f'`{d}`' for d in row.dimensions)}",
+            f"- check: `{row.check}`" + (" (the routing-op check)" if row.check == "routing" else ""),
+            f"- fault: `{row.fault}`: {_cell(FAULTS[row.fault])}" if row.fault else f"- fault: none: {row.miss}",
+            f"- MegaMoE: {'applies' if row.applies_to_megamoe else 'does not apply: ' + row.not_megamoe}",
+            f"- CPU: {row.expected_cpu}; GPU: {row.gpu}",
+            f"- sources: {sources(row)}",
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -284,27 +380,41 @@ def render_resolution() -> str:
     from fixtures.selection import implementations_of
     from reference.tolerances import EXACT_ULP_BOUNDS
 
-    rows = ["| implementation | statistics: uniform scale | statistics: one expert | exact cases |", "|---|---|---|---|"]
+    rows = [
+        "| implementation | statistics: uniform scale | statistics: one expert | exact cases |",
+        "|---|---|---|---|",
+    ]
     for name in implementations_of({"sm90"}):
         caps = load(name).capabilities
         s = caps.effective_tolerance.systematic
         ulps = EXACT_ULP_BOUNDS.get(caps.recipe.name, 0)
         exact = f"within {ulps} bf16 ulps" if ulps else "bit for bit"
-        rows.append(f"| `{name}` | {100 * s.resolution[0]:g}% | {100 * s.resolution[1]:g}% | {exact} |" if s else
-                    f"| `{name}` | (bitwise) | (bitwise) | {exact} |")
+        rows.append(
+            f"| `{name}` | {100 * s.resolution[0]:g}% | {100 * s.resolution[1]:g}% | {exact} |"
+            if s
+            else f"| `{name}` | (bitwise) | (bitwise) | {exact} |"
+        )
     return "\n".join(rows)
 
 
 def render_exit_codes() -> str:
     """Every command's exit codes, one meaning each (ci/cli.py)."""
-    return "\n".join(["| exit code | meaning |", "|---|---|",
-                      *(f"| {code} | {_cell(meaning)} |" for code, meaning in sorted(cli.EXIT_CODES.items()))])
+    return "\n".join(
+        [
+            "| exit code | meaning |",
+            "|---|---|",
+            *(f"| {code} | {_cell(meaning)} |" for code, meaning in sorted(cli.EXIT_CODES.items())),
+        ]
+    )
 
 
 def targets(root: Path = ROOT) -> dict[Path, str]:
     """Each generated file and the text it should hold."""
-    out = {root / "docs/backends.md": render_backends(), root / "docs/findings.md": render_findings(),
-           root / "docs/bug-ledger.md": render_bug_ledger()}
+    out = {
+        root / "docs/backends.md": render_backends(),
+        root / "docs/findings.md": render_findings(),
+        root / "docs/bug-ledger.md": render_bug_ledger(),
+    }
     tolerances = root / "docs/tolerances.md"
     out[tolerances] = fill_block(tolerances.read_text(), render_resolution(), "docs/tolerances.md", RESOLUTION)
     running = root / "docs/running.md"
@@ -319,15 +429,23 @@ def targets(root: Path = ROOT) -> dict[Path, str]:
 
 def stale(root: Path = ROOT) -> list[str]:
     """The generated files whose text differs from what the code generates, relative to ``root``."""
-    return [str(path.relative_to(root)) for path, text in targets(root).items()
-            if not path.exists() or path.read_text() != text]
+    return [
+        str(path.relative_to(root))
+        for path, text in targets(root).items()
+        if not path.exists() or path.read_text() != text
+    ]
 
 
 @cli.command("tools.gen_docs")
 def main(argv=None) -> int:
-    p = cli.Parser("tools.gen_docs", description=__doc__.split("\n")[0],
-                   codes={cli.VERDICT: "--check: a generated file is stale (each named)",
-                          cli.INPUT: "a file lacks the begin and end lines around its generated table"})
+    p = cli.Parser(
+        "tools.gen_docs",
+        description=__doc__.split("\n")[0],
+        codes={
+            cli.VERDICT: "--check: a generated file is stale (each named)",
+            cli.INPUT: "a file lacks the begin and end lines around its generated table",
+        },
+    )
     p.add_argument("--check", action="store_true", help="write nothing; exit 1 naming each stale file")
     args = p.parse_args(argv)
     if args.check:

@@ -6,6 +6,7 @@
 Ninja runs with MAX_JOBS parallel compiles (default: the CPU count). fused_moe_90 is 242 nvcc objects: tens of
 minutes on 16 cores. Afterwards ``bash evidence/gpu_host/gpu_validate.sh jit`` packs the cache for the next host.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,9 +19,14 @@ from fixtures.flashinfer.prerequisites import is_built, jit_spec
 
 @cli.command("tools.prebuild_jit")
 def main(argv=None) -> int:
-    p = cli.Parser("tools.prebuild_jit", description=__doc__.splitlines()[0],
-                   codes={cli.INPUT: "an unknown --arch",
-                          cli.INCOMPLETE: "FlashInfer cannot locate its modules on this machine (no GPU or toolkit)"})
+    p = cli.Parser(
+        "tools.prebuild_jit",
+        description=__doc__.splitlines()[0],
+        codes={
+            cli.INPUT: "an unknown --arch",
+            cli.INCOMPLETE: "FlashInfer cannot locate its modules on this machine (no GPU or toolkit)",
+        },
+    )
     p.add_argument("--arch", default="sm90", choices=sorted({d.arch for d in DESCRIPTORS}))
     p.add_argument("--list", action="store_true", help="say what is needed and whether it is built; build nothing")
     a = p.parse_args(argv)

@@ -7,6 +7,7 @@ The snapshot is what suites/flashinfer/test_api_surface.py pins: registry names 
 each kernel config's fields (name, default, init, frozen), exported names, error class hierarchy and
 selected signatures. Run it after a FlashInfer upgrade and review the diff.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,8 +19,16 @@ from pathlib import Path
 from ci import cli
 
 SNAPSHOT_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "flashinfer"
-SIGNATURES = ("MoEEpLayer", "BootstrapConfig", "FleetParams", "MegaConfig", "MoEEpTensors",
-              "validate_mega_fleet_params", "validate_mega_forward_inputs", "dummy_moe_weights")
+SIGNATURES = (
+    "MoEEpLayer",
+    "BootstrapConfig",
+    "FleetParams",
+    "MegaConfig",
+    "MoEEpTensors",
+    "validate_mega_fleet_params",
+    "validate_mega_forward_inputs",
+    "dummy_moe_weights",
+)
 
 
 def _default(field) -> object:
@@ -47,9 +56,11 @@ def snapshot() -> dict:
             "frozen": bool(params and params.frozen),
             "fields": [[f.name, _default(f), f.init] for f in dataclasses.fields(cls)],
         }
-    deprecated_configs = {n: getattr(fi, n).__name__ for n in sorted(dir(fi))
-                          if n.endswith("MegaMoeConfig") and isinstance(getattr(fi, n), type)
-                          and getattr(fi, n).__name__ != n}
+    deprecated_configs = {
+        n: getattr(fi, n).__name__
+        for n in sorted(dir(fi))
+        if n.endswith("MegaMoeConfig") and isinstance(getattr(fi, n), type) and getattr(fi, n).__name__ != n
+    }
     return {
         "flashinfer_version": md.version("flashinfer-python"),
         "mega_kernels": sorted(registry._available_mega_kernels()),
@@ -57,7 +68,9 @@ def snapshot() -> dict:
         "kernel_configs": configs,
         "deprecated_config_classes": deprecated_configs,
         "exports": sorted(fi.__all__),
-        "errors": {n: [c.__name__ for c in getattr(fi, n).__mro__[1:3]] for n in ("MoEEpConfigError", "MoEEpArchError")},
+        "errors": {
+            n: [c.__name__ for c in getattr(fi, n).__mro__[1:3]] for n in ("MoEEpConfigError", "MoEEpArchError")
+        },
         "signatures": {n: str(inspect.signature(getattr(fi, n))) for n in SIGNATURES},
         "megamoe": megamoe_surface(),
     }
@@ -73,13 +86,20 @@ def megamoe_surface() -> dict:
     exported = {n: getattr(mm, n) for n in mm.__all__}
     signatures = {n: str(inspect.signature(f)) for n, f in exported.items() if callable(f) and not isinstance(f, type)}
     buffer = mm.MegaMoESymmBuffer
-    signatures.update({f"MegaMoESymmBuffer.{m}": str(inspect.signature(getattr(buffer, m)))
-                       for m in ("__init__", "stage", "commit_staged", "prewarm", "destroy")})
+    signatures.update(
+        {
+            f"MegaMoESymmBuffer.{m}": str(inspect.signature(getattr(buffer, m)))
+            for m in ("__init__", "stage", "commit_staged", "prewarm", "destroy")
+        }
+    )
     return {
         "exports": sorted(mm.__all__),
         "signatures": dict(sorted(signatures.items())),
-        "plan_fields": {n: [f.name for f in dataclasses.fields(c)] for n, c in sorted(exported.items())
-                        if dataclasses.is_dataclass(c)},
+        "plan_fields": {
+            n: [f.name for f in dataclasses.fields(c)]
+            for n, c in sorted(exported.items())
+            if dataclasses.is_dataclass(c)
+        },
         "constants": {n: v for n, v in sorted(exported.items()) if isinstance(v, (bool, int, float, str))},
     }
 
@@ -90,15 +110,19 @@ def snapshot_path(version: str) -> Path:
 
 @cli.command("tools.snapshot_flashinfer_api")
 def main(argv=None) -> int:
-    p = cli.Parser("tools.snapshot_flashinfer_api", description="snapshot FlashInfer's MegaMoE API",
-                   codes={cli.INCOMPLETE: "no importable FlashInfer with flashinfer.moe_ep here to snapshot"})
+    p = cli.Parser(
+        "tools.snapshot_flashinfer_api",
+        description="snapshot FlashInfer's MegaMoE API",
+        codes={cli.INCOMPLETE: "no importable FlashInfer with flashinfer.moe_ep here to snapshot"},
+    )
     p.add_argument("--write", action="store_true")
     a = p.parse_args(argv)
     try:
         snap = snapshot()
     except ImportError as err:
-        raise cli.Incomplete(f"cannot import FlashInfer's MegaMoE API here ({err}); run it where flashinfer-python "
-                             "is installed") from None
+        raise cli.Incomplete(
+            f"cannot import FlashInfer's MegaMoE API here ({err}); run it where flashinfer-python is installed"
+        ) from None
     text = json.dumps(snap, indent=1, sort_keys=True) + "\n"
     if a.write:
         snapshot_path(snap["flashinfer_version"]).write_text(text)

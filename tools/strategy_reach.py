@@ -7,6 +7,7 @@ For reference-ep's capabilities at EP1, EP2 and EP4 it draws the ``ci`` profile'
 examples that reach its edge; a second derandomized run of ``ESTIMATE_EXAMPLES`` scenarios at EP2 estimates the
 chance p that one example does, and so 1 - (1 - p)^10, the chance that a test's 10 draws do.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -41,27 +42,44 @@ def _batches(sc):
 MEASURES: list[tuple[str, str, Callable]] = [
     ("per_block_exponent_spread", "weights block_spread", lambda sc: sc.layer.weight_kind == "block_spread"),
     ("gate_up_scale_differ", "weights gate_up_apart", lambda sc: sc.layer.weight_kind == "gate_up_apart"),
-    ("per_expert_magnitude_extreme", "weights expert_extremes",
-     lambda sc: sc.layer.weight_kind == "expert_extremes"),
-    ("global_scale_non_unit", "any named weight pattern",
-     lambda sc: sc.layer.weight_kind in ("block_spread", "gate_up_apart", "expert_extremes")),
+    ("per_expert_magnitude_extreme", "weights expert_extremes", lambda sc: sc.layer.weight_kind == "expert_extremes"),
+    (
+        "global_scale_non_unit",
+        "any named weight pattern",
+        lambda sc: sc.layer.weight_kind in ("block_spread", "gate_up_apart", "expert_extremes"),
+    ),
     ("rsf_non_unit", "routed_scaling_factor != 1", lambda sc: any(b.routed_scaling_factor != 1 for b in sc.batches)),
     ("magnitude_large", "input_scale 1024", lambda sc: any(b.input_scale >= 1024 for b in sc.batches)),
     ("clamp_limit", "a clamp", lambda sc: sc.layer.clamp_limit is not None),
     ("dims_unaligned", "H % 64 != 0", lambda sc: sc.layer.hidden % 64 != 0),
-    ("empty_rank", "a rank with 0 tokens beside a busy one",
-     lambda sc: any(0 in b.tokens and sum(b.tokens) for b in sc.batches)),
+    (
+        "empty_rank",
+        "a rank with 0 tokens beside a busy one",
+        lambda sc: any(0 in b.tokens and sum(b.tokens) for b in sc.batches),
+    ),
     ("rank_imbalance", "ranks with unequal counts", lambda sc: any(len(set(b.tokens)) > 1 for b in sc.batches)),
-    ("tokens_not_tile_multiple", "a count in {15, 17, 31, 33, 63, 65}",
-     lambda sc: any(t in (15, 17, 31, 33, 63, 65) for b in sc.batches for t in b.tokens)),
-    ("tokens_at_capacity", "a rank at its capacity",
-     lambda sc: any(t == sc.layer.capacity for b in sc.batches for t in b.tokens)),
+    (
+        "tokens_not_tile_multiple",
+        "a count in {15, 17, 31, 33, 63, 65}",
+        lambda sc: any(t in (15, 17, 31, 33, 63, 65) for b in sc.batches for t in b.tokens),
+    ),
+    (
+        "tokens_at_capacity",
+        "a rank at its capacity",
+        lambda sc: any(t == sc.layer.capacity for b in sc.batches for t in b.tokens),
+    ),
     ("masked_ids", "pattern masked or masked_tail", lambda sc: any(b.pattern.startswith("masked") for b in sc.batches)),
     ("zero_rows", "pattern zero_rows", lambda sc: any(b.pattern == "zero_rows" for b in sc.batches)),
-    ("routing_skew", "pattern hot_expert or one_expert",
-     lambda sc: any(b.pattern in ("hot_expert", "one_expert") for b in sc.batches)),
-    ("router_weight_placement", "method Llama4 (weight on the input)",
-     lambda sc: any(b.method == "Llama4" for b in sc.batches)),
+    (
+        "routing_skew",
+        "pattern hot_expert or one_expert",
+        lambda sc: any(b.pattern in ("hot_expert", "one_expert") for b in sc.batches),
+    ),
+    (
+        "router_weight_placement",
+        "method Llama4 (weight on the input)",
+        lambda sc: any(b.method == "Llama4" for b in sc.batches),
+    ),
     ("repeat_calls_changed_input", "2 or more batches", lambda sc: len(_batches(sc)) >= 2),
     ("zero_token_expert", "an expert with no route in a batch", _zero_token_expert),
 ]
@@ -72,8 +90,14 @@ def _draw(caps, ep: int, examples: int) -> list:
 
     drawn = []
 
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.data())
     def draw(data):
         drawn.append(data.draw(scenarios(caps, ep)))
@@ -91,11 +115,25 @@ def measure() -> list[dict]:
     rows = []
     for dim, edge, test in MEASURES:
         p = sum(map(test, many)) / len(many)
-        rows.append({"dimension": dim, "edge": edge, "ci": {ep: sum(map(test, ci[ep])) for ep in EP_SIZES},
-                     "p": p, "reach": 1 - (1 - p) ** CI_EXAMPLES})
+        rows.append(
+            {
+                "dimension": dim,
+                "edge": edge,
+                "ci": {ep: sum(map(test, ci[ep])) for ep in EP_SIZES},
+                "p": p,
+                "reach": 1 - (1 - p) ** CI_EXAMPLES,
+            }
+        )
     tokens = [t for sc in many for b in sc.batches for t in b.tokens]
-    rows.append({"dimension": "tokens/rank", "edge": f"min {min(tokens)}, max {max(tokens)} (capacity "
-                 f"{caps.max_tokens_per_rank})", "ci": None, "p": None, "reach": None})
+    rows.append(
+        {
+            "dimension": "tokens/rank",
+            "edge": f"min {min(tokens)}, max {max(tokens)} (capacity {caps.max_tokens_per_rank})",
+            "ci": None,
+            "p": None,
+            "reach": None,
+        }
+    )
     return rows
 
 
@@ -107,15 +145,20 @@ def markdown() -> str:
         for dim in row.dimensions:
             served.setdefault(dim, []).append(row.id)
     head = " / ".join(f"EP{ep}" for ep in EP_SIZES)
-    out = [f"| dimension | edge | ci draws reaching it ({head}, of {CI_EXAMPLES}) | p per example | "
-           f"P(reached in {CI_EXAMPLES}) | ledger rows |", "|---|---|---|---|---|---|"]
+    out = [
+        f"| dimension | edge | ci draws reaching it ({head}, of {CI_EXAMPLES}) | p per example | "
+        f"P(reached in {CI_EXAMPLES}) | ledger rows |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in measure():
         if r["ci"] is None:
             out.append(f"| {r['dimension']} | {r['edge']} | | | | |")
             continue
         ci = " / ".join(str(r["ci"][ep]) for ep in EP_SIZES)
-        out.append(f"| `{r['dimension']}` | {r['edge']} | {ci} | {r['p']:.2f} | {r['reach']:.2f} | "
-                   f"{', '.join(served.get(r['dimension'], [])) or '-'} |")
+        out.append(
+            f"| `{r['dimension']}` | {r['edge']} | {ci} | {r['p']:.2f} | {r['reach']:.2f} | "
+            f"{', '.join(served.get(r['dimension'], [])) or '-'} |"
+        )
     return "\n".join(out)
 
 

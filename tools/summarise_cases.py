@@ -7,6 +7,7 @@ reference (rel-L2, cosine, token, element band units) and against the fp64 textb
 went (case wall time; the slowest rank's build and forward; this process's reference oracle), for the
 validation log and for nightly jobs to collect. Prints a Markdown table.
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -16,8 +17,21 @@ from collections import defaultdict
 from ci import cli
 from fixtures.results import case_records
 
-COLUMNS = ("impl", "EP", "cases", "checks", "rel-L2 max", "cosine min", "token max", "band max",
-           "textbook max", "case s (sum)", "rank build s", "rank forward s", "oracle s")
+COLUMNS = (
+    "impl",
+    "EP",
+    "cases",
+    "checks",
+    "rel-L2 max",
+    "cosine min",
+    "token max",
+    "band max",
+    "textbook max",
+    "case s (sum)",
+    "rank build s",
+    "rank forward s",
+    "oracle s",
+)
 
 
 def summarise(records) -> dict[tuple[str, int], dict]:
@@ -45,17 +59,23 @@ def summarise(records) -> dict[tuple[str, int], dict]:
 def markdown(summary: dict[tuple[str, int], dict]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for (impl, ep), s in sorted(summary.items()):
-        cells = [impl, str(ep)] + [f"{int(s[c])}" if c in ("cases", "checks") else
-                                   f"{s[c]:.5g}" if c in s else "" for c in COLUMNS[2:]]
+        cells = [impl, str(ep)] + [
+            f"{int(s[c])}" if c in ("cases", "checks") else f"{s[c]:.5g}" if c in s else "" for c in COLUMNS[2:]
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 @cli.command("tools.summarise_cases")
 def main(argv=None) -> int:
-    p = cli.Parser("tools.summarise_cases", description=__doc__.splitlines()[0],
-                   codes={cli.INPUT: "a path that does not exist, or a malformed record",
-                          cli.NOTHING_TESTED: "no per-case records under the paths: nothing to summarise"})
+    p = cli.Parser(
+        "tools.summarise_cases",
+        description=__doc__.splitlines()[0],
+        codes={
+            cli.INPUT: "a path that does not exist, or a malformed record",
+            cli.NOTHING_TESTED: "no per-case records under the paths: nothing to summarise",
+        },
+    )
     p.add_argument("paths", nargs="+", type=pathlib.Path, help="results dirs or cases-*.jsonl files")
     a = p.parse_args(argv)
     missing = [str(path) for path in a.paths if not path.exists()]

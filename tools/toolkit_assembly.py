@@ -6,6 +6,7 @@ of the same CUDA major merged into its ``include`` and ``lib64`` (symbolic links
 into ``<cache>/toolkit-cu13/wheels``), the unversioned names the linker looks for (``libnvrtc.so`` for
 ``-lnvrtc``: the wheels ship only ``libnvrtc.so.13``) and a driver stub written by ``tools.driver_stub``.
 """
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,12 @@ from tools import driver_stub
 # CUDA 13.0's releases of the four libraries, as the 13.0.88 nvcc of the CPU machine's toolkit came with: the
 # cuBLAS, NVRTC and cuRAND ones are those the modules were first built with (reference.evidence.AOT_BUILT_ON_CPU)
 PINS = {
-    13: ("nvidia-cublas==13.0.2.14", "nvidia-cuda-nvrtc==13.0.88", "nvidia-curand==10.4.0.35",
-         "nvidia-cuda-runtime==13.0.96"),
+    13: (
+        "nvidia-cublas==13.0.2.14",
+        "nvidia-cuda-nvrtc==13.0.88",
+        "nvidia-curand==10.4.0.35",
+        "nvidia-cuda-runtime==13.0.96",
+    ),
 }
 INSTALLED = "INSTALLED"  # in the wheels folder: the pins pip installed there, one a line
 VERSIONED = re.compile(r"^(lib.+?\.so)\.\d+(\.\d+)*$")
@@ -51,8 +56,9 @@ def top(nvcc: Path) -> Path:
     """The folder of nvcc's own tree: what nvcc calls TOP (a wrapper script on the PATH, such as /usr/local/bin/nvcc
     exec'ing the real one, has no tree of its own), else the real file's grandparent."""
     with tempfile.TemporaryDirectory() as tmp:
-        done = subprocess.run([str(nvcc), "--dryrun", "-E", "-x", "cu", os.devnull], capture_output=True, text=True,
-                              timeout=60, cwd=tmp)
+        done = subprocess.run(
+            [str(nvcc), "--dryrun", "-E", "-x", "cu", os.devnull], capture_output=True, text=True, timeout=60, cwd=tmp
+        )
     if found := re.search(r"^#\$ TOP=(.+)$", done.stderr + done.stdout, re.M):
         return Path(found.group(1).strip()).resolve()
     return nvcc.resolve().parent.parent
@@ -64,8 +70,23 @@ def install_wheels(target: Path, pins: tuple[str, ...], python: str = sys.execut
     if marker.exists() and marker.read_text().split() == list(pins):
         return
     shutil.rmtree(target, ignore_errors=True)
-    done = subprocess.run([python, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "--quiet",
-                           "--target", str(target), *pins], capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(
+        [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "--disable-pip-version-check",
+            "--quiet",
+            "--target",
+            str(target),
+            *pins,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if done.returncode != 0:
         said = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
         raise AssemblyError(f"pip could not install {' '.join(pins)} into {target}: {said}")
@@ -103,8 +124,10 @@ def assemble(nvcc: Path, folder: Path, cc: str | None = None) -> Path:
     version = release(nvcc)
     major = int(version.split(".")[0])
     if major not in PINS:
-        raise AssemblyError(f"{nvcc} is CUDA {version}: a toolkit can be assembled for CUDA "
-                            f"{', '.join(map(str, PINS))} only (tools/toolkit_assembly.py PINS)")
+        raise AssemblyError(
+            f"{nvcc} is CUDA {version}: a toolkit can be assembled for CUDA "
+            f"{', '.join(map(str, PINS))} only (tools/toolkit_assembly.py PINS)"
+        )
     install_wheels(folder / "wheels", PINS[major])
     wheels = folder / "wheels" / "nvidia" / f"cu{major}"
     overlay = folder / "overlay"  # the wheels' folders under the names a toolkit gives them

@@ -7,6 +7,7 @@ The libraries are read from the modules' own ninja files, as FlashInfer's JitSpe
 those the modules' sources include that a bare nvcc's tree lacks (ninja stopped on each in turn without them:
 reference.evidence.AOT_BUILT_ON_CPU).
 """
+
 from __future__ import annotations
 
 import re
@@ -16,10 +17,20 @@ from pathlib import Path
 
 from tools import driver_stub
 
-HEADERS = (("cuda.h", "nvidia-cuda-runtime"), ("cuda_runtime.h", "nvidia-cuda-runtime"),
-           ("cublasLt.h", "nvidia-cublas"), ("nvrtc.h", "nvidia-cuda-nvrtc"), ("curand_kernel.h", "nvidia-curand"))
-WHEEL_OF = {"cudart": "nvidia-cuda-runtime", "nvrtc": "nvidia-cuda-nvrtc", "cublas": "nvidia-cublas",
-            "cublasLt": "nvidia-cublas", "curand": "nvidia-curand"}
+HEADERS = (
+    ("cuda.h", "nvidia-cuda-runtime"),
+    ("cuda_runtime.h", "nvidia-cuda-runtime"),
+    ("cublasLt.h", "nvidia-cublas"),
+    ("nvrtc.h", "nvidia-cuda-nvrtc"),
+    ("curand_kernel.h", "nvidia-curand"),
+)
+WHEEL_OF = {
+    "cudart": "nvidia-cuda-runtime",
+    "nvrtc": "nvidia-cuda-nvrtc",
+    "cublas": "nvidia-cublas",
+    "cublasLt": "nvidia-cublas",
+    "curand": "nvidia-curand",
+}
 DRIVER = "cuda"  # -lcuda: the driver stub, whose symbols must be defined (ci/aot_linkage.py says why)
 _LDFLAGS = re.compile(r"^ldflags = ((?:.*\$\n)*.*)$", re.M)
 
@@ -28,6 +39,7 @@ _LDFLAGS = re.compile(r"^ldflags = ((?:.*\$\n)*.*)$", re.M)
 class Links:
     """What a set of modules links: the ``-L`` folders in order (``$cuda_home`` unexpanded) and each ``-l``
     library with the modules that link it."""
+
     folders: list[str] = field(default_factory=list)
     libraries: dict[str, list[str]] = field(default_factory=dict)
 
@@ -75,8 +87,10 @@ def _source(library: str) -> str:
     if library == DRIVER:
         return "the driver stub, which python -m tools.driver_stub writes from cuda.h"
     if library in WHEEL_OF:
-        return (f"the {WHEEL_OF[library]} wheel's lib folder (it ships only lib{library}.so.<major>: "
-                f"the link needs the unversioned name)")
+        return (
+            f"the {WHEEL_OF[library]} wheel's lib folder (it ships only lib{library}.so.<major>: "
+            f"the link needs the unversioned name)"
+        )
     return "not a CUDA library this project knows"
 
 
@@ -85,8 +99,10 @@ def missing(cuda_home: Path, needs: Links, after: list[Path] = ()) -> list[str]:
     searches after the ``-L`` ones."""
     lines = []
     if not (cuda_home / "bin" / "nvcc").exists():
-        lines.append(f"{cuda_home}/bin/nvcc: no nvcc (a toolkit's, or the nvidia-cuda-nvcc wheel's, of the GPU "
-                     f"host's CUDA major)")
+        lines.append(
+            f"{cuda_home}/bin/nvcc: no nvcc (a toolkit's, or the nvidia-cuda-nvcc wheel's, of the GPU "
+            f"host's CUDA major)"
+        )
     for header, wheel in HEADERS:
         if not (cuda_home / "include" / header).exists():
             lines.append(f"{cuda_home}/include/{header}: from the {wheel} wheel's include folder")
@@ -95,9 +111,13 @@ def missing(cuda_home: Path, needs: Links, after: list[Path] = ()) -> list[str]:
         found = resolve(library, [*folders, *after])
         who = users[0] if len(users) == 1 else f"{len(users)} modules"
         if found is None:
-            lines.append(f"lib{library}.so (-l{library}, linked by {who}) is in none of "
-                         f"{', '.join(map(str, folders))}: from {_source(library)}")
+            lines.append(
+                f"lib{library}.so (-l{library}, linked by {who}) is in none of "
+                f"{', '.join(map(str, folders))}: from {_source(library)}"
+            )
         elif library == DRIVER and not driver_stub.exports_driver(found):
-            lines.append(f"{found} defines no driver symbol ({driver_stub.PROBE}): the modules would not list "
-                         f"libcuda.so.1 (ci/aot_linkage.py); python -m tools.driver_stub writes a stub that does")
+            lines.append(
+                f"{found} defines no driver symbol ({driver_stub.PROBE}): the modules would not list "
+                f"libcuda.so.1 (ci/aot_linkage.py); python -m tools.driver_stub writes a stub that does"
+            )
     return lines

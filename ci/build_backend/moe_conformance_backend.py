@@ -5,6 +5,7 @@ are read from there, and its top-level packages (ci, fixtures, reference, gates,
 put in a user's site-packages. So ``pip install -e CHECKOUT`` works as setuptools makes it, and a wheel or sdist
 (``pip install .``, ``pip wheel .``, ``python -m build``) is refused with one line that says what to run instead.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,9 +20,11 @@ build_editable = _setuptools.build_editable
 
 
 def refusal(checkout: Path = CHECKOUT) -> str:
-    return (f"moe-conformance installs from its checkout only: pip install -e {checkout} (or run bash "
-            f"{checkout}/ci/test.sh). A wheel or sdist would leave out gates/, configs/ and the FlashInfer API pins "
-            f"that the suite reads there.")
+    return (
+        f"moe-conformance installs from its checkout only: pip install -e {checkout} (or run bash "
+        f"{checkout}/ci/test.sh). A wheel or sdist would leave out gates/, configs/ and the FlashInfer API pins "
+        f"that the suite reads there."
+    )
 
 
 def _refuse(*_args, **_kwargs):

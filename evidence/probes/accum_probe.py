@@ -17,6 +17,7 @@ e4m3). ``--fp4-deepseek``: the DeepSeek-V3 batch that failed the FP8 x FP4 pull 
 same layer at smaller hidden sizes (how the error grows with K).
 Needs an FP8 tensor-core GPU (SM89+). A diagnostic, not a check.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,34 +37,77 @@ _E4M3_MAX = 448.0
 
 
 def _layer(h, i, e, k, clamp=None):
-    return {"capacity": 64, "clamp_limit": clamp, "expert_perm_seed": None, "hidden": h, "intermediate": i,
-            "num_experts": e, "top_k": k, "weight_kind": "randn", "weight_seed": 0}
+    return {
+        "capacity": 64,
+        "clamp_limit": clamp,
+        "expert_perm_seed": None,
+        "hidden": h,
+        "intermediate": i,
+        "num_experts": e,
+        "top_k": k,
+        "weight_kind": "randn",
+        "weight_seed": 0,
+    }
 
 
 def _batch(tokens, method="Renormalize", pattern="random", seed=0, **kw):
-    return {"bias_scale": 0.0, "input_scale": 1.0, "method": method, "n_group": None, "pattern": pattern,
-            "permute_seed": None, "routed_scaling_factor": 1.0, "seed": seed, "tokens": tokens, "topk_group": None,
-            **kw}
+    return {
+        "bias_scale": 0.0,
+        "input_scale": 1.0,
+        "method": method,
+        "n_group": None,
+        "pattern": pattern,
+        "permute_seed": None,
+        "routed_scaling_factor": 1.0,
+        "seed": seed,
+        "tokens": tokens,
+        "topk_group": None,
+        **kw,
+    }
 
 
 # EP1 forms of the model-geometry cases that failed on the H200 (2026-12-01), and a pool-size layer.
 DEFAULT_SCENARIOS = [
     {"batches": [_batch([64])], "ep_size": 1, "labels": ["pool-1024"], "layer": _layer(1024, 512, 8, 4, 1.0)},
     {"batches": [_batch([1])], "ep_size": 1, "labels": ["qwen3-30b-a3b"], "layer": _layer(2048, 768, 16, 8)},
-    {"batches": [_batch([64], "DeepSeekV3", "hot_expert", 12, input_scale=4.0, n_group=1, topk_group=1,
-                        routed_scaling_factor=1.8)], "ep_size": 1, "labels": ["glm-flash"],
-     "layer": _layer(2048, 1536, 16, 4)},
-    {"batches": [_batch([2], "DeepSeekV3", n_group=8, topk_group=4, routed_scaling_factor=2.5)], "ep_size": 1,
-     "labels": ["deepseek-v3"], "layer": _layer(7168, 2048, 16, 8)},
-    {"batches": [_batch([46], "Llama4", "ties")], "ep_size": 1, "labels": ["llama4-scout"],
-     "layer": _layer(5120, 8192, 16, 1)},
+    {
+        "batches": [
+            _batch(
+                [64],
+                "DeepSeekV3",
+                "hot_expert",
+                12,
+                input_scale=4.0,
+                n_group=1,
+                topk_group=1,
+                routed_scaling_factor=1.8,
+            )
+        ],
+        "ep_size": 1,
+        "labels": ["glm-flash"],
+        "layer": _layer(2048, 1536, 16, 4),
+    },
+    {
+        "batches": [_batch([2], "DeepSeekV3", n_group=8, topk_group=4, routed_scaling_factor=2.5)],
+        "ep_size": 1,
+        "labels": ["deepseek-v3"],
+        "layer": _layer(7168, 2048, 16, 8),
+    },
+    {
+        "batches": [_batch([46], "Llama4", "ties")],
+        "ep_size": 1,
+        "labels": ["llama4-scout"],
+        "layer": _layer(5120, 8192, 16, 1),
+    },
 ]
 
 
 def _fp4_deepseek() -> list[dict]:
     batch = _batch([63], "DeepSeekV3", n_group=8, topk_group=4, routed_scaling_factor=2.5)
-    return [{"batches": [batch], "ep_size": 1, "labels": [f"dsv3-H{h}"], "layer": _layer(h, 2048, 16, 8)}
-            for h in (1024, 2048, 4096, 7168)]
+    return [
+        {"batches": [batch], "ep_size": 1, "labels": [f"dsv3-H{h}"], "layer": _layer(h, 2048, 16, 8)}
+        for h in (1024, 2048, 4096, 7168)
+    ]
 
 
 _EXACT_OPERANDS: list[bool] = []
@@ -85,21 +129,33 @@ def _fp8_mm(fast: bool, k_chunk: int | None, per_token: bool = False, fc1: tuple
         bq = (b / scale).to(torch.float8_e4m3fn)
         row = (a.abs().amax(1, keepdim=True) / _E4M3_MAX).clamp_min(1e-30) if per_token else None
         aq = (a / row if per_token else a).to(torch.float8_e4m3fn)
-        _EXACT_OPERANDS.append(bool((bq.float() * scale == b).all()) and bool(
-            (torch.isclose(aq.float() * row, a, rtol=1e-6, atol=0) if per_token else aq.float() == a).all()))
+        _EXACT_OPERANDS.append(
+            bool((bq.float() * scale == b).all())
+            and bool((torch.isclose(aq.float() * row, a, rtol=1e-6, atol=0) if per_token else aq.float() == a).all())
+        )
         rows = a.shape[0]
         pad = (-rows) % 16
         if pad:
             aq = torch.cat((aq, aq.new_zeros(pad, aq.shape[1])))
         one = torch.ones((), device=a.device)
-        chunks = [(0, a.shape[1])] if k_chunk is None else [(k, min(k + k_chunk, a.shape[1]))
-                                                            for k in range(0, a.shape[1], k_chunk)]
+        chunks = (
+            [(0, a.shape[1])]
+            if k_chunk is None
+            else [(k, min(k + k_chunk, a.shape[1])) for k in range(0, a.shape[1], k_chunk)]
+        )
         out = torch.zeros(aq.shape[0], b.shape[0], device=a.device)
         for lo, hi in chunks:
-            out += torch._scaled_mm(aq[:, lo:hi].contiguous(), bq[:, lo:hi].t(), one, scale.float(),
-                                    out_dtype=torch.float32, use_fast_accum=fast)
+            out += torch._scaled_mm(
+                aq[:, lo:hi].contiguous(),
+                bq[:, lo:hi].t(),
+                one,
+                scale.float(),
+                out_dtype=torch.float32,
+                use_fast_accum=fast,
+            )
         out = out[:rows] * row if per_token else out[:rows]
         return (out, exact(a, b, with_magnitude=True)[1]) if with_magnitude else out
+
     return mm
 
 
@@ -107,8 +163,12 @@ def _fp8_mm(fast: bool, k_chunk: int | None, per_token: bool = False, fc1: tuple
 def _accumulator(model: str, per_token: bool, layer):
     saved = moe.rounded_mm
     if model != "exact":
-        moe.rounded_mm = _fp8_mm(fast=model == "fast", k_chunk=128 if model == "chunked" else None,
-                                 per_token=per_token, fc1=(layer.hidden, layer.intermediate) if per_token else None)
+        moe.rounded_mm = _fp8_mm(
+            fast=model == "fast",
+            k_chunk=128 if model == "chunked" else None,
+            per_token=per_token,
+            fc1=(layer.hidden, layer.intermediate) if per_token else None,
+        )
     try:
         yield
     finally:
@@ -142,8 +202,10 @@ def main(argv=None) -> int:
                         ref = oracle.expected(scenario, recipe, oracle.oracle_device(subject))[0].ref
                     rel = float((out - ref).norm() / ref.norm()) if ref.norm() > 0 else float("nan")
                     ops = "-" if not _EXACT_OPERANDS else "yes" if all(_EXACT_OPERANDS) else "NO"
-                    print(f"{spec:58} {scenario.labels[0]:16} {model:8} {rel:8.4f} {_gain(out, ref):8.4f} {ops:>9}",
-                          flush=True)
+                    print(
+                        f"{spec:58} {scenario.labels[0]:16} {model:8} {rel:8.4f} {_gain(out, ref):8.4f} {ops:>9}",
+                        flush=True,
+                    )
     finally:
         close_all()
     return 0

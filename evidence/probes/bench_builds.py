@@ -13,6 +13,7 @@ and prints the slowest rank's build and first-forward seconds, the oracle's seco
 relative L2 and gain against the recipe (no pass/fail: ``pytest`` judges). Time is what the suite pays
 per layer: where it goes decides how the suite spends its layers (fixtures.geometries).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,12 +35,22 @@ import torch
 
 def _layers(caps, ep: int) -> list[tuple[str, LayerCase]]:
     k = min(caps.top_k_values, key=lambda v: abs(v - 2))
-    first = LayerCase(num_experts=max(4, ep * max(1, -(-k // ep))), hidden=2 * caps.hidden_multiple,
-                      intermediate=2 * caps.intermediate_multiple, top_k=k, capacity=caps.max_tokens_per_rank,
-                      weight_seed=1)
+    first = LayerCase(
+        num_experts=max(4, ep * max(1, -(-k // ep))),
+        hidden=2 * caps.hidden_multiple,
+        intermediate=2 * caps.intermediate_multiple,
+        top_k=k,
+        capacity=caps.max_tokens_per_rank,
+        weight_seed=1,
+    )
     other = dataclasses.replace(first, hidden=4 * caps.hidden_multiple)
-    return [("first", first), ("same-shape", dataclasses.replace(first, weight_seed=2)), ("new-shape", other),
-            ("cached", first), ("fresh-pool", first)]
+    return [
+        ("first", first),
+        ("same-shape", dataclasses.replace(first, weight_seed=2)),
+        ("new-shape", other),
+        ("cached", first),
+        ("fresh-pool", first),
+    ]
 
 
 def measure(spec: str, ep: int, models=()) -> list[dict]:
@@ -69,15 +80,29 @@ def measure(spec: str, ep: int, models=()) -> list[dict]:
         oracle_s = time.monotonic() - t0
         out = torch.cat(run.outputs[0])
         g = systematic.gain(out, exp.ref)
-        row = {"impl": spec, "ep": ep, "case": label, "hidden": layer.hidden, "intermediate": layer.intermediate,
-               "experts": layer.num_experts, "wall_s": round(wall, 3), "built": run.layers_built,
-               "build_s": run.rank_seconds.get("build", 0.0), "first_forward_s": run.rank_seconds.get("first-forward", 0.0),
-               "forward_s": run.rank_seconds.get("forward", 0.0), "oracle_s": round(oracle_s, 3),
-               "rel_l2": relative_l2(out, exp.ref), "gain": g.value if g else None}
+        row = {
+            "impl": spec,
+            "ep": ep,
+            "case": label,
+            "hidden": layer.hidden,
+            "intermediate": layer.intermediate,
+            "experts": layer.num_experts,
+            "wall_s": round(wall, 3),
+            "built": run.layers_built,
+            "build_s": run.rank_seconds.get("build", 0.0),
+            "first_forward_s": run.rank_seconds.get("first-forward", 0.0),
+            "forward_s": run.rank_seconds.get("forward", 0.0),
+            "oracle_s": round(oracle_s, 3),
+            "rel_l2": relative_l2(out, exp.ref),
+            "gain": g.value if g else None,
+        }
         rows.append(row)
-        print(f"{spec:44} EP{ep} {label:18} H={layer.hidden:<5} wall {wall:7.2f}s build {row['build_s']:6.2f}s "
-              f"first-fwd {row['first_forward_s']:6.2f}s oracle {oracle_s:6.2f}s rel-L2 {row['rel_l2']:.4f} "
-              f"gain {row['gain'] if row['gain'] is None else round(row['gain'], 5)}", flush=True)
+        print(
+            f"{spec:44} EP{ep} {label:18} H={layer.hidden:<5} wall {wall:7.2f}s build {row['build_s']:6.2f}s "
+            f"first-fwd {row['first_forward_s']:6.2f}s oracle {oracle_s:6.2f}s rel-L2 {row['rel_l2']:.4f} "
+            f"gain {row['gain'] if row['gain'] is None else round(row['gain'], 5)}",
+            flush=True,
+        )
     close_all()
     return rows
 

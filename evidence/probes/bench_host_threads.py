@@ -10,6 +10,7 @@ idle, measures:
                    repeats, at each thread count, with the pool idle and after it is closed.
 What it shows decides fixtures.host_threads: the thread count the suite's process keeps on a GPU host.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,13 @@ def check_work(subject: Subject, scenario: Scenario, outputs) -> float:
     check's comparison of every rank and batch, then the systematic statistics (the oracle itself, made afresh
     because the statistics release its per-route terms, is not timed)."""
     with_terms = subject.caps.effective_tolerance.systematic is not None
-    run = RunResult(outputs, 0, expected=oracle.expected(scenario, subject.recipe_for(scenario),
-                                                         oracle.oracle_device(subject), with_terms=with_terms))
+    run = RunResult(
+        outputs,
+        0,
+        expected=oracle.expected(
+            scenario, subject.recipe_for(scenario), oracle.oracle_device(subject), with_terms=with_terms
+        ),
+    )
     started = time.perf_counter()
     checks.compare_outputs(subject, scenario, run)
     checks.check_systematic(subject, scenario, run)
@@ -91,23 +97,34 @@ def main(argv=None) -> int:
     layer = wide_layer(caps, a.ep)
     tokens = tuple(min(caps.max_tokens_per_rank, 64) for _ in range(a.ep))
     scenario = Scenario(layer, tuple(BatchCase(tokens=tokens, seed=s) for s in range(3)), a.ep, ("bench-host",))
-    report = {"impl": a.impl, "ep": a.ep, "cores": os.cpu_count(), "torch_default_threads": default,
-              "suite_threads": host_threads(), "tokens_per_rank": tokens[0], "hidden": layer.hidden}
+    report = {
+        "impl": a.impl,
+        "ep": a.ep,
+        "cores": os.cpu_count(),
+        "torch_default_threads": default,
+        "suite_threads": host_threads(),
+        "tokens_per_rank": tokens[0],
+        "hidden": layer.hidden,
+    }
     try:
         run = run_scenario(subject, scenario)
         pool = get_pool(subject.pool_key)
         pids = [r.pid for r in pool.ranks.values()]
         report["ranks_idle_cores"] = round(idle_cores(pids, a.idle_seconds), 3)
-        report["pool_idle_s"] = {n: round(s, 4) for n, s in
-                                 timings(subject, scenario, run.outputs, threads, a.repeats).items()}
+        report["pool_idle_s"] = {
+            n: round(s, 4) for n, s in timings(subject, scenario, run.outputs, threads, a.repeats).items()
+        }
         close_all()
-        report["no_pool_s"] = {n: round(s, 4) for n, s in
-                               timings(subject, scenario, run.outputs, threads, a.repeats).items()}
+        report["no_pool_s"] = {
+            n: round(s, 4) for n, s in timings(subject, scenario, run.outputs, threads, a.repeats).items()
+        }
     finally:
         close_all()
         torch.set_num_threads(default)
-    print(f"{a.impl} EP{a.ep} on {report['cores']} cores: the idle ranks use {report['ranks_idle_cores']} cores; "
-          f"the suite keeps {report['suite_threads']} threads (torch's default {default})")
+    print(
+        f"{a.impl} EP{a.ep} on {report['cores']} cores: the idle ranks use {report['ranks_idle_cores']} cores; "
+        f"the suite keeps {report['suite_threads']} threads (torch's default {default})"
+    )
     print("| threads | check s, pool idle | check s, no pool |\n|---|---|---|")
     for n in threads:
         print(f"| {n} | {report['pool_idle_s'][n]} | {report['no_pool_s'][n]} |")

@@ -5,6 +5,7 @@ dropped connections, malformed JSON), temperature 0 and a seed, stop sequences, 
 resumable store: each answer is appended to a JSONL file as it arrives, so an interrupted run resumes
 without re-asking answered questions.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -55,8 +56,10 @@ class AnswerStore:
             lines = self.path.read_text().splitlines()
             header = json.loads(lines[0]) if lines else {}
             if header.get("fingerprint") != fingerprint:
-                raise StoreError(f"{self.path} belongs to another run (fingerprint {header.get('fingerprint')}, "
-                                 f"this run {fingerprint}); use another store path")
+                raise StoreError(
+                    f"{self.path} belongs to another run (fingerprint {header.get('fingerprint')}, "
+                    f"this run {fingerprint}); use another store path"
+                )
             for line in lines[1:]:
                 try:
                     rec = json.loads(line)
@@ -78,7 +81,9 @@ class AnswerStore:
 
 
 def fingerprint(config: ClientConfig, prompts: list[str]) -> str:
-    h = hashlib.sha256(json.dumps([config.model, config.mode, config.max_tokens, list(config.stop), config.seed]).encode())
+    h = hashlib.sha256(
+        json.dumps([config.model, config.mode, config.max_tokens, list(config.stop), config.seed]).encode()
+    )
     for p in prompts:
         h.update(hashlib.sha256(p.encode()).digest())
     return h.hexdigest()[:16]
@@ -93,8 +98,13 @@ class RunStats:
 
 
 def _payload(config: ClientConfig, prompt: str) -> tuple[str, dict]:
-    common = {"model": config.model, "max_tokens": config.max_tokens, "temperature": 0.0, "seed": config.seed,
-              "stop": list(config.stop)}
+    common = {
+        "model": config.model,
+        "max_tokens": config.max_tokens,
+        "temperature": 0.0,
+        "seed": config.seed,
+        "stop": list(config.stop),
+    }
     if config.mode == "chat":
         return "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": prompt}]}
     return "/v1/completions", {**common, "prompt": prompt}
@@ -135,8 +145,14 @@ async def _ask(client, config, index, prompt, store, stats, sem, bar):
             except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
                 error = f"{type(exc).__name__}: {exc}"
             else:
-                store.add({"index": index, "completion": text, "latency_s": round(time.monotonic() - started, 4),
-                           "attempts": attempt + 1})
+                store.add(
+                    {
+                        "index": index,
+                        "completion": text,
+                        "latency_s": round(time.monotonic() - started, 4),
+                        "attempts": attempt + 1,
+                    }
+                )
                 stats.asked += 1
                 bar.update(1)
                 return
@@ -155,8 +171,9 @@ async def ask_all(config: ClientConfig, prompts: list[str], store: AnswerStore) 
     started = time.monotonic()
     sem = asyncio.Semaphore(config.concurrency)
     limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
-    with tqdm(total=len(prompts), initial=len(prompts) - len(todo), disable=not config.progress,
-              desc="gsm8k", unit="q") as bar:
+    with tqdm(
+        total=len(prompts), initial=len(prompts) - len(todo), disable=not config.progress, desc="gsm8k", unit="q"
+    ) as bar:
         async with httpx.AsyncClient(base_url=config.base_url, limits=limits) as client:
             await asyncio.gather(*(_ask(client, config, i, prompts[i], store, stats, sem, bar) for i in todo))
     stats.seconds = time.monotonic() - started

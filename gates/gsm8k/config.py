@@ -1,5 +1,6 @@
 """A gate config (YAML, gates/gsm8k/run.py shows one), read and checked against its schema: any error is one
 line that says where, what was wrong and what is accepted."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,7 +15,9 @@ _FRACTION = {"type": "number", "minimum": 0, "maximum": 1}
 _POSITIVE = {"type": "number", "exclusiveMinimum": 0}
 
 SERVER = {
-    "type": "object", "additionalProperties": False, "required": ["name"],
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name"],
     "properties": {
         "name": {"type": "string", "minLength": 1},
         "command": {"type": "string", "minLength": 1},
@@ -28,7 +31,8 @@ SERVER = {
     "oneOf": [{"required": ["command"]}, {"required": ["url"]}],
 }
 CLIENT = {  # gates.gsm8k.client.ClientConfig, less base_url and model (the gate sets them)
-    "type": "object", "additionalProperties": False,
+    "type": "object",
+    "additionalProperties": False,
     "properties": {
         "mode": {"enum": ["completions", "chat"]},
         "max_tokens": {"type": "integer", "minimum": 1},
@@ -43,7 +47,8 @@ CLIENT = {  # gates.gsm8k.client.ClientConfig, less base_url and model (the gate
     },
 }
 GATE = {  # gates.gsm8k.gate.GateRule
-    "type": "object", "additionalProperties": False,
+    "type": "object",
+    "additionalProperties": False,
     "properties": {
         "accuracy_threshold": {"anyOf": [_FRACTION, {"type": "null"}]},
         "tolerance": _FRACTION,
@@ -53,14 +58,19 @@ GATE = {  # gates.gsm8k.gate.GateRule
     },
 }
 SCHEMA = {  # gates.gsm8k.run.GateConfig
-    "type": "object", "additionalProperties": False, "required": ["model", "recipe", "baseline", "candidate"],
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["model", "recipe", "baseline", "candidate"],
     "properties": {
         "model": {"type": "string", "minLength": 1},
         "recipe": {"enum": sorted(RECIPES)},
         "num_questions": {"type": "integer", "minimum": 1, "maximum": LINES["test"]},
         "num_shots": {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "null"}]},
         "data": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-        "client": CLIENT, "gate": GATE, "baseline": SERVER, "candidate": SERVER,
+        "client": CLIENT,
+        "gate": GATE,
+        "baseline": SERVER,
+        "candidate": SERVER,
     },
 }
 
@@ -87,8 +97,10 @@ def read(path) -> dict:
     try:
         raw = yaml.safe_load(path.read_text())
     except OSError as err:
-        raise ConfigError(f"cannot read the config {path} ({err.strerror}); give a YAML file such as "
-                          "configs/gsm8k/qwen3-30b-a3b-vllm-megamoe.yaml") from None
+        raise ConfigError(
+            f"cannot read the config {path} ({err.strerror}); give a YAML file such as "
+            "configs/gsm8k/qwen3-30b-a3b-vllm-megamoe.yaml"
+        ) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -6,6 +6,7 @@ Search order for ``split`` (``test`` or ``train``): an explicit ``path`` (file o
 ``MOE_GSM8K_URL`` (default: the openai/grade-school-math files) into the cache. A file whose sha256
 does not match is refused with both digests. The project never commits the data.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -43,8 +44,10 @@ def _sha256(path: Path) -> str:
 def verify(path: Path, split: str) -> Path:
     digest = _sha256(path)
     if digest != SHA256[split]:
-        raise DatasetError(f"GSM8K {split} at {path} has sha256 {digest}, expected {SHA256[split]}: "
-                           f"not the pinned openai/grade-school-math file")
+        raise DatasetError(
+            f"GSM8K {split} at {path} has sha256 {digest}, expected {SHA256[split]}: "
+            f"not the pinned openai/grade-school-math file"
+        )
     return path
 
 

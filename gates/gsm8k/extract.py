@@ -10,6 +10,7 @@ tasks, openai/grade-school-math's dataset.py).
 lm-eval answers are compared after its ``regexes_to_ignore`` (``,``, ``$``, ``(?s).*#### ``, ``\\.$``)
 and case folding; a non-match is ``[invalid]``.
 """
+
 from __future__ import annotations
 
 import re
@@ -63,8 +64,12 @@ def gold_number(answer: str) -> str:
     return number.replace(",", "")
 
 
-EXTRACTORS = {"last_integer": last_integer, "strict_match": strict_match,
-              "flexible_extract": flexible_extract, "cot_strict": cot_strict}
+EXTRACTORS = {
+    "last_integer": last_integer,
+    "strict_match": strict_match,
+    "flexible_extract": flexible_extract,
+    "cot_strict": cot_strict,
+}
 
 
 def is_correct(extractor: str, completion: str, answer: str) -> tuple[bool, bool]:

@@ -9,6 +9,7 @@ The declared rule (:class:`GateRule`) fails the candidate when any of these hold
   (McNemar p < ``alpha``): a real regression, not noise;
 * its invalid-answer rate is above ``max_invalid_rate``.
 """
+
 from __future__ import annotations
 
 import json
@@ -75,7 +76,7 @@ class Verdict:
     candidate_stderr: float
     drop: float
     mcnemar_p: float
-    worse: list[int] = field(default_factory=list)   # right in baseline, wrong in candidate
+    worse: list[int] = field(default_factory=list)  # right in baseline, wrong in candidate
     better: list[int] = field(default_factory=list)  # wrong in baseline, right in candidate
     candidate_invalid_rate: float = 0.0
     n: int = 0
@@ -101,31 +102,57 @@ def decide(baseline: Score, candidate: Score, rule: GateRule) -> Verdict:
     drop = baseline.accuracy - candidate.accuracy
     reasons = []
     if rule.accuracy_threshold is not None and candidate.accuracy < rule.accuracy_threshold - rule.tolerance:
-        reasons.append(f"accuracy {candidate.accuracy:.4f} < threshold {rule.accuracy_threshold} - tolerance {rule.tolerance}")
+        reasons.append(
+            f"accuracy {candidate.accuracy:.4f} < threshold {rule.accuracy_threshold} - tolerance {rule.tolerance}"
+        )
     if drop > rule.max_drop and p < rule.alpha:
-        reasons.append(f"accuracy dropped {drop:.4f} > {rule.max_drop} vs baseline, significant (McNemar p={p:.3g} < {rule.alpha})")
+        reasons.append(
+            f"accuracy dropped {drop:.4f} > {rule.max_drop} vs baseline, significant (McNemar p={p:.3g} < {rule.alpha})"
+        )
     if rule.max_invalid_rate is not None and candidate.invalid_rate > rule.max_invalid_rate:
         reasons.append(f"invalid-answer rate {candidate.invalid_rate:.4f} > {rule.max_invalid_rate}")
-    return Verdict(not reasons, reasons, baseline.accuracy, candidate.accuracy, baseline.stderr, candidate.stderr,
-                   drop, p, worse, better, candidate.invalid_rate, candidate.n, candidate.extractor, asdict(rule))
+    return Verdict(
+        not reasons,
+        reasons,
+        baseline.accuracy,
+        candidate.accuracy,
+        baseline.stderr,
+        candidate.stderr,
+        drop,
+        p,
+        worse,
+        better,
+        candidate.invalid_rate,
+        candidate.n,
+        candidate.extractor,
+        asdict(rule),
+    )
 
 
 def report_json(verdict: Verdict, problems: list[Problem], extra: dict | None = None) -> str:
-    flipped = {"worse": [{"index": i, "question": problems[i].question[:200]} for i in verdict.worse],
-               "better": [{"index": i, "question": problems[i].question[:200]} for i in verdict.better]}
+    flipped = {
+        "worse": [{"index": i, "question": problems[i].question[:200]} for i in verdict.worse],
+        "better": [{"index": i, "question": problems[i].question[:200]} for i in verdict.better],
+    }
     body = {**asdict(verdict), "flipped": flipped, **(extra or {})}
     body.pop("worse"), body.pop("better")
     return json.dumps(body, indent=1)
 
 
 def report_markdown(verdict: Verdict, problems: list[Problem], names=("baseline", "candidate")) -> str:
-    lines = [f"# GSM8K gate: {'PASS' if verdict.passed else 'FAIL'}", "",
-             f"{verdict.n} questions, extractor `{verdict.extractor}`, rule {verdict.rule}", "",
-             "| | accuracy | stderr |", "|---|---|---|",
-             f"| {names[0]} | {verdict.baseline_accuracy:.4f} | {verdict.baseline_stderr:.4f} |",
-             f"| {names[1]} | {verdict.candidate_accuracy:.4f} | {verdict.candidate_stderr:.4f} |", "",
-             f"drop {verdict.drop:+.4f}; flips: {len(verdict.worse)} worse, {len(verdict.better)} better; "
-             f"McNemar one-sided p = {verdict.mcnemar_p:.4g}; candidate invalid rate {verdict.candidate_invalid_rate:.4f}"]
+    lines = [
+        f"# GSM8K gate: {'PASS' if verdict.passed else 'FAIL'}",
+        "",
+        f"{verdict.n} questions, extractor `{verdict.extractor}`, rule {verdict.rule}",
+        "",
+        "| | accuracy | stderr |",
+        "|---|---|---|",
+        f"| {names[0]} | {verdict.baseline_accuracy:.4f} | {verdict.baseline_stderr:.4f} |",
+        f"| {names[1]} | {verdict.candidate_accuracy:.4f} | {verdict.candidate_stderr:.4f} |",
+        "",
+        f"drop {verdict.drop:+.4f}; flips: {len(verdict.worse)} worse, {len(verdict.better)} better; "
+        f"McNemar one-sided p = {verdict.mcnemar_p:.4g}; candidate invalid rate {verdict.candidate_invalid_rate:.4f}",
+    ]
     if verdict.reasons:
         lines += ["", "Reasons:"] + [f"- {r}" for r in verdict.reasons]
     if verdict.worse:

@@ -16,6 +16,7 @@ model loads for minutes), saying so as it waits; a server at a url must answer i
     baseline:  {name: flashinfer_cutlass, command: "vllm serve {model} --port {port} --moe-backend flashinfer_cutlass"}
     candidate: {name: megamoe, command: "vllm serve {model} --port {port} --moe-backend flashinfer_moe_ep_cutedsl"}
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -71,8 +72,10 @@ def answer(cfg: GateConfig, spec: ServerSpec, prompt_list: list[str], out_dir: P
         client_cfg = ready(cfg, spec, server)
         completions, stats = client.run(client_cfg, prompt_list, out_dir / f"answers-{spec.name}.jsonl")
     if stats.failed:
-        raise Unanswered(f"{spec.name}: {len(stats.failed)} questions without an answer after retries "
-                         f"(first: {stats.failed[:5]}); rerun the same command to resume")
+        raise Unanswered(
+            f"{spec.name}: {len(stats.failed)} questions without an answer after retries "
+            f"(first: {stats.failed[:5]}); rerun the same command to resume"
+        )
     return completions, stats
 
 
@@ -89,15 +92,24 @@ def run_gate(cfg: GateConfig, out_dir: Path) -> gate.Verdict:
     rule = gate.GateRule(**cfg.gate)
     verdicts = {}
     for extractor in recipe.extractors:
-        verdicts[extractor] = gate.decide(gate.score(test, base_answers, extractor),
-                                          gate.score(test, cand_answers, extractor), rule)
+        verdicts[extractor] = gate.decide(
+            gate.score(test, base_answers, extractor), gate.score(test, cand_answers, extractor), rule
+        )
     primary = verdicts[recipe.extractors[0]]
-    extra = {"recipe": cfg.recipe, "leaks": recipe.leaks, "model": cfg.model,
-             "baseline": cfg.baseline.name, "candidate": cfg.candidate.name,
-             "other_extractors": {k: {"baseline": v.baseline_accuracy, "candidate": v.candidate_accuracy,
-                                      "passed": v.passed} for k, v in verdicts.items() if v is not primary},
-             "seconds": {"baseline": base_stats.seconds, "candidate": cand_stats.seconds},
-             "retries": {"baseline": base_stats.retried, "candidate": cand_stats.retried}}
+    extra = {
+        "recipe": cfg.recipe,
+        "leaks": recipe.leaks,
+        "model": cfg.model,
+        "baseline": cfg.baseline.name,
+        "candidate": cfg.candidate.name,
+        "other_extractors": {
+            k: {"baseline": v.baseline_accuracy, "candidate": v.candidate_accuracy, "passed": v.passed}
+            for k, v in verdicts.items()
+            if v is not primary
+        },
+        "seconds": {"baseline": base_stats.seconds, "candidate": cand_stats.seconds},
+        "retries": {"baseline": base_stats.retried, "candidate": cand_stats.retried},
+    }
     (out_dir / "gsm8k-gate.json").write_text(gate.report_json(primary, test, extra))
     (out_dir / "gsm8k-gate.md").write_text(gate.report_markdown(primary, test, (cfg.baseline.name, cfg.candidate.name)))
     return primary

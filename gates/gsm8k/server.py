@@ -1,5 +1,6 @@
 """The two servers of a gate: one the gate starts from a ``command`` (stopped with its whole process group), or
 one already running at a ``url``. Either way the gate waits until its health path answers 200, and says so."""
+
 from __future__ import annotations
 
 import os
@@ -58,9 +59,13 @@ class Server:
         self.log_path = log_dir / f"server-{spec.name}.log"
         self.log = open(self.log_path, "w")
         try:
-            self.proc = subprocess.Popen(shlex.split(cmd), stdout=self.log, stderr=subprocess.STDOUT,
-                                         env={**os.environ, **{k: str(v) for k, v in spec.env.items()}},
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                shlex.split(cmd),
+                stdout=self.log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **{k: str(v) for k, v in spec.env.items()}},
+                start_new_session=True,
+            )
         except OSError as err:
             self.log.close()
             raise ServerError(f"server {spec.name}: cannot run its command {cmd!r}: {err.strerror}") from None
@@ -84,22 +89,30 @@ class Server:
         limit = self.spec.startup_timeout_s
         started = time.monotonic()
         said = started
-        _say(f"started server {self.spec.name}; waiting up to {limit:g} s for {self.url}{self.spec.health_path} "
-             f"(log: {self.log_path})")
+        _say(
+            f"started server {self.spec.name}; waiting up to {limit:g} s for {self.url}{self.spec.health_path} "
+            f"(log: {self.log_path})"
+        )
         while time.monotonic() - started < limit:
             if self.proc.poll() is not None:
-                raise ServerError(f"server {self.spec.name} exited with {self.proc.returncode} before it was healthy "
-                                  f"(log {self.log_path}: {self._last_log_line()})")
+                raise ServerError(
+                    f"server {self.spec.name} exited with {self.proc.returncode} before it was healthy "
+                    f"(log {self.log_path}: {self._last_log_line()})"
+                )
             if self._health(5) is None:
                 _say(f"server {self.spec.name} healthy after {time.monotonic() - started:.0f} s")
                 return
             if time.monotonic() - said >= PROGRESS_EVERY_S:
                 said = time.monotonic()
-                _say(f"still waiting for server {self.spec.name}: {said - started:.0f} s of {limit:g} s; "
-                     f"its log says: {self._last_log_line()}")
+                _say(
+                    f"still waiting for server {self.spec.name}: {said - started:.0f} s of {limit:g} s; "
+                    f"its log says: {self._last_log_line()}"
+                )
             time.sleep(0.5)
-        raise ServerError(f"server {self.spec.name} not healthy at {self.url} within {limit:g} s (startup_timeout_s; "
-                          f"log {self.log_path}: {self._last_log_line()})")
+        raise ServerError(
+            f"server {self.spec.name} not healthy at {self.url} within {limit:g} s (startup_timeout_s; "
+            f"log {self.log_path}: {self._last_log_line()})"
+        )
 
     def _check_external(self) -> None:
         """A server the gate did not start is up already: a health check of seconds, not a startup wait."""
@@ -110,9 +123,11 @@ class Server:
             if why is None:
                 return
             if time.monotonic() >= deadline:
-                raise ServerError(f"server {self.spec.name} at {self.url}: {self.spec.health_path} did not answer 200 "
-                                  f"within {limit:g} s (health_timeout_s; last: {why}); a url: server must be running "
-                                  "before the gate starts (or give command: and the gate starts it)")
+                raise ServerError(
+                    f"server {self.spec.name} at {self.url}: {self.spec.health_path} did not answer 200 "
+                    f"within {limit:g} s (health_timeout_s; last: {why}); a url: server must be running "
+                    "before the gate starts (or give command: and the gate starts it)"
+                )
             time.sleep(0.5)
 
     def stop(self) -> None:

@@ -1,4 +1,5 @@
 """Expert parallelism: the same global problem at every EP size, and ranks that go idle independently."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,8 +30,14 @@ def _invariance_scenario(caps, ep: int) -> Scenario:
     whose 16 experts are the same at EP1, 2, 4 and 8."""
     layer = dataclasses.replace(wide_layer(caps, ep), weight_seed=2024)
     total = 8 * min(8, caps.max_tokens_per_rank)
-    batch = BatchCase(tokens=(total // ep,) * ep, seed=7, method="DeepSeekV3", bias_scale=1.0,
-                      routed_scaling_factor=2.5, pattern=masked_pattern(caps))
+    batch = BatchCase(
+        tokens=(total // ep,) * ep,
+        seed=7,
+        method="DeepSeekV3",
+        bias_scale=1.0,
+        routed_scaling_factor=2.5,
+        pattern=masked_pattern(caps),
+    )
     return Scenario(layer, (batch,), ep, ("ep-invariance",))
 
 
@@ -63,12 +70,16 @@ def test_same_global_problem_at_every_ep_size(subject):
     if subject.impl not in _AT_EP1 and launched_by_torchrun():
         _AT_EP1[subject.impl] = _ep1_alone(subject)
     if subject.impl not in _AT_EP1:
-        pytest.skip(f"{subject.impl}: EP1 of the same problem did not run earlier in this pytest process "
-                    f"(select --ep 1 too; under pytest-xdist each EP size may run on another worker)")
+        pytest.skip(
+            f"{subject.impl}: EP1 of the same problem did not run earlier in this pytest process "
+            f"(select --ep 1 too; under pytest-xdist each EP size may run on another worker)"
+        )
     base, mag = _AT_EP1[subject.impl]  # the term magnitude is per route, so the same at every EP size
     verdict = compare(out, base, mag, caps.regrouped_tolerance)
-    assert verdict.ok, (f"[ep-invariance] {subject.impl}: EP{subject.ep_size} differs from EP1 on the same global "
-                        f"problem: {'; '.join(verdict.violations)}")
+    assert verdict.ok, (
+        f"[ep-invariance] {subject.impl}: EP{subject.ep_size} differs from EP1 on the same global "
+        f"problem: {'; '.join(verdict.violations)}"
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -2,6 +2,7 @@
 
 ``subject`` is parametrized by conftest.py from ``--impl`` and ``--ep``; nothing here names a backend.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from fixtures import results
 from fixtures.checks import CHECKS, ConformanceFailure, check_oracle, check_textbook
 from fixtures.exact_check import CASES_PER_SUBJECT, check_exact, exact_pool
-from fixtures.findings import expect_finding
+from fixtures.findings import MEASURED_CASES, expect_finding
 from fixtures.history import HistoryFailure
 from fixtures.geometries import MODELS, fits, layer_pool, model_layer, tile_layer, wide_layer
 from fixtures.selection import model_ep_sizes
@@ -81,7 +82,9 @@ def test_adversarial_pattern(subject, pattern):
         known = f": {'; '.join(subject.caps.known_defects)}" if subject.caps.known_defects else ""
         pytest.skip(f"{subject.impl}: {why}" + (known if PATTERN_TABLE[pattern].masks else ""))
     tokens = tuple(min(subject.caps.max_tokens_per_rank, 5 + 3 * r) for r in range(subject.ep_size))
-    batch = BatchCase(tokens=tokens, seed=99, method=method, pattern=pattern, bias_scale=1.0 if method == "DeepSeekV3" else 0.0)
+    batch = BatchCase(
+        tokens=tokens, seed=99, method=method, pattern=pattern, bias_scale=1.0 if method == "DeepSeekV3" else 0.0
+    )
     layer = dataclasses.replace(wide_layer(subject.caps, subject.ep_size), weight_seed=1234)
     check_oracle(subject, Scenario(layer, (batch,), subject.ep_size, (pattern,)))
 
@@ -126,8 +129,11 @@ def test_idle_step_then_busy_then_smaller(subject):
     cap = subject.caps.max_tokens_per_rank
     idle = BatchCase(tokens=(0,) * subject.ep_size, seed=1)
     busy = BatchCase(tokens=(cap,) * subject.ep_size, seed=2)
-    smaller = BatchCase(tokens=tuple(max(1, cap // (r + 2)) for r in range(subject.ep_size)), seed=3,
-                        pattern=masked_pattern(subject.caps))
+    smaller = BatchCase(
+        tokens=tuple(max(1, cap // (r + 2)) for r in range(subject.ep_size)),
+        seed=3,
+        pattern=masked_pattern(subject.caps),
+    )
     uneven = dataclasses.replace(busy, tokens=tuple(0 if r % 2 else cap for r in range(subject.ep_size)), seed=4)
     layer = dataclasses.replace(tile_layer(subject.caps, subject.ep_size), weight_seed=1234)
     check_oracle(subject, Scenario(layer, (idle, busy, smaller, uneven), subject.ep_size, ("sequence",)))
@@ -137,9 +143,11 @@ def _skip_unless_a_model_ep_size(subject) -> None:
     """Model-size layers (model geometries, the accumulation limit) run at the EP sizes MOE_MODEL_EP names."""
     sizes = model_ep_sizes()
     if sizes is not None and subject.ep_size not in sizes:
-        pytest.skip(f"model geometries run at EP {sorted(sizes)} ({MODEL_EP.name}; every EP size under the nightly "
-                    f"profile): their GEMM shapes do not change with the EP size, the subject's own layers test EP"
-                    f"{subject.ep_size}")
+        pytest.skip(
+            f"model geometries run at EP {sorted(sizes)} ({MODEL_EP.name}; every EP size under the nightly "
+            f"profile): their GEMM shapes do not change with the EP size, the subject's own layers test EP"
+            f"{subject.ep_size}"
+        )
 
 
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
@@ -155,8 +163,10 @@ def test_model_geometry(subject, model, data, request):
     _skip_unless_a_model_ep_size(subject)
     beyond = subject.caps.beyond_accumulation_limit(model.hidden, model.intermediate)
     if beyond:
-        pytest.skip(f"{subject.impl} is not held to its recipe at {model.name} ({beyond}); "
-                    f"test_accumulation_limit holds it to the finding")
+        pytest.skip(
+            f"{subject.impl} is not held to its recipe at {model.name} ({beyond}); "
+            f"test_accumulation_limit holds it to the finding"
+        )
     # as few experts as the routing allows: the model's H and I already make each expert large
     layer = model_layer(model, subject.caps, subject.ep_size, max_experts=8 if subject.caps.device == "cuda" else 1)
     caps = subject.caps if subject.caps.device == "cuda" else dataclasses.replace(subject.caps, max_tokens_per_rank=8)
@@ -165,11 +175,18 @@ def test_model_geometry(subject, model, data, request):
         if request.node.nodeid in _CHECKED_ON_CPU:
             return
         _CHECKED_ON_CPU.add(request.node.nodeid)
-    groups = (model.n_group, model.topk_group) if model.n_group and layer.num_experts % model.n_group == 0 else (None, None)
-    batch = dataclasses.replace(batch, method=model.routing, n_group=groups[0], topk_group=groups[1],
-                                routed_scaling_factor=model.routed_scaling_factor,
-                                bias_scale=batch.bias_scale if model.routing == "DeepSeekV3" else 0.0,
-                                pattern=batch.pattern if batch.pattern != "underflow" or model.routing == "DeepSeekV3" else "random")
+    groups = (
+        (model.n_group, model.topk_group) if model.n_group and layer.num_experts % model.n_group == 0 else (None, None)
+    )
+    batch = dataclasses.replace(
+        batch,
+        method=model.routing,
+        n_group=groups[0],
+        topk_group=groups[1],
+        routed_scaling_factor=model.routed_scaling_factor,
+        bias_scale=batch.bias_scale if model.routing == "DeepSeekV3" else 0.0,
+        pattern=batch.pattern if batch.pattern != "underflow" or model.routing == "DeepSeekV3" else "random",
+    )
     started = time.monotonic()
     scenario = Scenario(layer, (batch,), subject.ep_size, (model.name,))
     run = check_oracle(subject, scenario)
@@ -180,20 +197,48 @@ def test_accumulation_limit(subject):
     """Where a descriptor holds its kernel to the recipe only up to a GEMM reduction length (finding F12),
     every model geometry beyond it, one token a rank, seed 0, is held to that finding: at least one must still
     miss the recipe's tolerance, or the limit is retired on purpose. (Every one, since the finding depends on
-    the data: under FlashInfer 0.7.4 DeepSeek-V3 came within the tolerance and Qwen3-30B-A3B did not.)"""
+    the data: under FlashInfer 0.7.4 DeepSeek-V3 came within the tolerance and Qwen3-30B-A3B did not.) A finding with
+    measured cases (fixtures.findings.MEASURED_CASES: F19) is held to those instead."""
     limit = subject.caps.accumulation_limit
     if limit is None:
         pytest.skip(f"{subject.impl} declares no accumulation limit: every model geometry is held to its recipe")
     _skip_unless_a_model_ep_size(subject)
+    _, key, finding = limit
+    measured = [Scenario.from_json(case) for case in MEASURED_CASES.get(key, ())]
+    if measured:  # the finding's measured cases stand for it: the one-token cases were never measured on its kernels
+        measured = [sc for sc in measured if sc.ep_size == subject.ep_size]
+        if not measured:
+            pytest.skip(f"{key}'s measured cases are at EP{Scenario.from_json(MEASURED_CASES[key][0]).ep_size} only")
+        seen = []
+        for scenario in measured:
+            try:
+                check_oracle(subject, scenario)
+                seen.append((True, f"{scenario.labels[0]} measured case within the recipe's tolerance"))
+            except HistoryFailure:
+                raise
+            except ConformanceFailure as err:
+                seen.append((False, str(err).splitlines()[0]))
+        declared = finding if finding.startswith("FINDING") else None
+        expect_finding(subject.impl, declared, key, all(ok for ok, _ in seen), " || ".join(t for _, t in seen))
+        return
     models = [m for m in MODELS if max(m.hidden, m.intermediate) > limit[0] and not fits(m, subject.caps)]
     if not models:
         pytest.skip(f"no model geometry beyond reduction length {limit[0]} fits {subject.impl}")
     seen = []
     for model in models:
         layer = model_layer(model, subject.caps, subject.ep_size, max_experts=8)
-        groups = (model.n_group, model.topk_group) if model.n_group and layer.num_experts % model.n_group == 0 else (None, None)
-        batch = BatchCase(tokens=(1,) * subject.ep_size, method=model.routing, n_group=groups[0], topk_group=groups[1],
-                          routed_scaling_factor=model.routed_scaling_factor)
+        groups = (
+            (model.n_group, model.topk_group)
+            if model.n_group and layer.num_experts % model.n_group == 0
+            else (None, None)
+        )
+        batch = BatchCase(
+            tokens=(1,) * subject.ep_size,
+            method=model.routing,
+            n_group=groups[0],
+            topk_group=groups[1],
+            routed_scaling_factor=model.routed_scaling_factor,
+        )
         try:
             check_oracle(subject, Scenario(layer, (batch,), subject.ep_size, (model.name, "accumulation-limit")))
             seen.append((True, f"{model.name} within the recipe's tolerance"))
@@ -201,6 +246,10 @@ def test_accumulation_limit(subject):
             raise
         except ConformanceFailure as err:
             seen.append((False, str(err).splitlines()[0]))
-    _, key, finding = limit
-    expect_finding(subject.impl, finding if finding.startswith("FINDING") else None, key,
-                   all(ok for ok, _ in seen), " || ".join(text for _, text in seen))
+    expect_finding(
+        subject.impl,
+        finding if finding.startswith("FINDING") else None,
+        key,
+        all(ok for ok, _ in seen),
+        " || ".join(text for _, text in seen),
+    )

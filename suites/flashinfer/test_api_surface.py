@@ -4,6 +4,7 @@ The pinned snapshot (fixtures/flashinfer/api-<version>.json) is written by
 ``python -m tools.snapshot_flashinfer_api --write``; behaviours docs/flashinfer-kernels.md documents are asserted here
 by hand, independently of the snapshot.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,16 +28,21 @@ def surface_failure(live: dict, directory=None) -> str | None:
     path = (directory / f"api-{version}.json") if directory else snapshot_path(version)
     if path.exists():
         lines = api_diff.diff(json.loads(path.read_text()), live)
-        return ("FlashInfer's MegaMoE API differs from its pin " + str(path) + ":\n" + "\n".join(lines[:200])) \
-            if lines else None
+        return (
+            ("FlashInfer's MegaMoE API differs from its pin " + str(path) + ":\n" + "\n".join(lines[:200]))
+            if lines
+            else None
+        )
     near = api_diff.nearest_pinned(version, **kw)
     if near is None:
         return "no pinned API snapshot at all; run `python -m tools.snapshot_flashinfer_api --write`"
     pinned = (directory / f"api-{near}.json") if directory else snapshot_path(near)
     lines = api_diff.diff(json.loads(pinned.read_text()), live)
-    return (f"no pinned API snapshot for flashinfer-python {version}; against the nearest pin, {near}, "
-            f"{len(lines)} difference(s) (review, then `python -m tools.snapshot_flashinfer_api --write`):\n"
-            + "\n".join(lines[:200]))
+    return (
+        f"no pinned API snapshot for flashinfer-python {version}; against the nearest pin, {near}, "
+        f"{len(lines)} difference(s) (review, then `python -m tools.snapshot_flashinfer_api --write`):\n"
+        + "\n".join(lines[:200])
+    )
 
 
 def test_public_surface_matches_the_pinned_snapshot():
@@ -59,9 +65,12 @@ def test_an_unpinned_version_is_shown_as_a_diff_against_the_nearest_pin(tmp_path
     config["fields"].append(["new_knob", 3, True])
     text = surface_failure(live, directory=tmp_path)
     assert "no pinned API snapshot for flashinfer-python 0.9.0; against the nearest pin, 0.7.2.post1" in text
-    for line in ("kernel added: sm90_fake_new_kernel", "export removed: MoEEpLayer",
-                 "Sm90_Fp8_Fp8_Bf16_PullCutedsl_MegaMoeConfig: default changed: fp8_accum_mode: '1xacc' -> '2xacc'",
-                 "Sm90_Fp8_Fp8_Bf16_PullCutedsl_MegaMoeConfig: field added: new_knob (default 3)"):
+    for line in (
+        "kernel added: sm90_fake_new_kernel",
+        "export removed: MoEEpLayer",
+        "Sm90_Fp8_Fp8_Bf16_PullCutedsl_MegaMoeConfig: default changed: fp8_accum_mode: '1xacc' -> '2xacc'",
+        "Sm90_Fp8_Fp8_Bf16_PullCutedsl_MegaMoeConfig: field added: new_knob (default 3)",
+    ):
         assert line in text, text
     assert surface_failure(pinned, directory=tmp_path) is None  # a pinned, unchanged surface passes
 
@@ -77,8 +86,12 @@ def test_a_changed_megamoe_surface_is_named(tmp_path):
     mm["plan_fields"]["FusedPlan"].append("new_field")
     mm["constants"]["FAMILY_THRESHOLD"] = 512
     lines = api_diff.diff(pinned, live)
-    for line in ("megamoe export removed: select_split_plan", "megamoe signature changed: mxfp4_mega_moe",
-                 "megamoe plan fields changed: FusedPlan", "megamoe constant changed: FAMILY_THRESHOLD: 256 -> 512"):
+    for line in (
+        "megamoe export removed: select_split_plan",
+        "megamoe signature changed: mxfp4_mega_moe",
+        "megamoe plan fields changed: FusedPlan",
+        "megamoe constant changed: FAMILY_THRESHOLD: 256 -> 512",
+    ):
         assert any(x.startswith(line) for x in lines), (line, lines)
     assert api_diff.diff(pinned, pinned) == []
 
@@ -87,6 +100,7 @@ def test_pull_config_defaults_match_the_catalogue():
     import dataclasses
 
     import flashinfer.moe_ep as fi
+
     defaults = {f.name: f.default for f in dataclasses.fields(fi.Sm90_Fp8_Fp8_Bf16_PullCutedsl_MegaMoeConfig)}
     # kernels §3.1 item 4
     assert defaults["kind"] == "fp8_e4m3" and defaults["fp8_scale_mode"] == "per_tensor"
@@ -97,12 +111,14 @@ def test_pull_config_defaults_match_the_catalogue():
 
 def test_error_classes():
     import flashinfer.moe_ep as fi
+
     assert issubclass(fi.MoEEpConfigError, ValueError)
     assert issubclass(fi.MoEEpArchError, fi.MoEEpConfigError)
 
 
 def test_weight_pack_factory():
     import flashinfer.moe_ep as fi
+
     w13, w2 = torch.zeros(2, 8, 4), torch.zeros(2, 4, 4)
     assert isinstance(fi.MoEWeightPack(w13, w2), fi.UnquantizedMoEWeights)
     scales = torch.ones(2, 1, 1)
@@ -113,12 +129,16 @@ def test_weight_pack_factory():
         fi.MoEWeightPack(w13=None, w2=w2)
 
 
-@pytest.mark.parametrize("hidden, inter, match", [
-    (200, 256, "multiple of"),   # H misaligned
-    (256, 200, "multiple of"),   # I misaligned
-])
+@pytest.mark.parametrize(
+    "hidden, inter, match",
+    [
+        (200, 256, "multiple of"),  # H misaligned
+        (256, 200, "multiple of"),  # I misaligned
+    ],
+)
 def test_fleet_validation_rejects_misaligned_geometry(hidden, inter, match):
     import flashinfer.moe_ep as fi
+
     fleet = fi.FleetParams(num_experts=8, max_tokens_per_rank=16, token_hidden_size=hidden)
     with pytest.raises(fi.MoEEpConfigError, match=match):
         fi.validate_mega_fleet_params(fleet, 1, intermediate_size=inter, top_k=2)
@@ -126,15 +146,16 @@ def test_fleet_validation_rejects_misaligned_geometry(hidden, inter, match):
 
 def test_fleet_validation_rejects_experts_not_divisible_by_world():
     import flashinfer.moe_ep as fi
+
     fleet = fi.FleetParams(num_experts=6, max_tokens_per_rank=16, token_hidden_size=256)
     with pytest.raises(fi.MoEEpConfigError):
         fi.validate_mega_fleet_params(fleet, 4, intermediate_size=256, top_k=2)
 
 
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
-                   reason=findings.text("F4"))
+@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=findings.text("F4"))
 def test_fleet_validation_rejects_top_k_above_expert_count():
     import flashinfer.moe_ep as fi
+
     fleet = fi.FleetParams(num_experts=4, max_tokens_per_rank=16, token_hidden_size=256)
     with pytest.raises(fi.MoEEpConfigError):
         fi.validate_mega_fleet_params(fleet, 1, intermediate_size=256, top_k=8)
@@ -142,6 +163,7 @@ def test_fleet_validation_rejects_top_k_above_expert_count():
 
 def test_forward_input_validation():
     import flashinfer.moe_ep as fi
+
     fleet = fi.FleetParams(num_experts=8, max_tokens_per_rank=4, token_hidden_size=256)
     x, ids, w = torch.zeros(5, 256), torch.zeros(5, 2, dtype=torch.long), torch.zeros(5, 2)
     with pytest.raises(fi.MoEEpConfigError):  # T above capacity
@@ -150,11 +172,11 @@ def test_forward_input_validation():
         fi.validate_mega_forward_inputs(x[:4], ids[:4, :1], w[:4], fleet, top_k=2, quantize_input=True)
 
 
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
-                   reason=findings.text("F9"))
+@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=findings.text("F9"))
 @pytest.mark.parametrize("bad_id", [8, -2], ids=["id=E", "id=-2"])
 def test_forward_input_validation_rejects_out_of_range_ids(bad_id):
     import flashinfer.moe_ep as fi
+
     fleet = fi.FleetParams(num_experts=8, max_tokens_per_rank=4, token_hidden_size=256)
     ids = torch.tensor([[0, bad_id]])
     with pytest.raises(fi.MoEEpConfigError):
@@ -163,26 +185,38 @@ def test_forward_input_validation_rejects_out_of_range_ids(bad_id):
 
 def test_bare_kernel_config_is_refused_by_the_layer_factory():
     import flashinfer.moe_ep as fi
+
     config = fi.Sm90_Fp8_Fp8_Bf16_PullCutedsl_MegaMoeConfig(intermediate_size=128, top_k=2)
     with pytest.raises(TypeError, match="MegaConfig"):
-        fi.MoEEpLayer(fi.BootstrapConfig(1, 0, auto_bootstrap=False), fi.FleetParams(8, 16, 256),
-                      fi.MoEWeightPack(torch.zeros(8, 256, 256, dtype=torch.bfloat16),
-                                       torch.zeros(8, 256, 128, dtype=torch.bfloat16)), backend=config)
+        fi.MoEEpLayer(
+            fi.BootstrapConfig(1, 0, auto_bootstrap=False),
+            fi.FleetParams(8, 16, 256),
+            fi.MoEWeightPack(
+                torch.zeros(8, 256, 256, dtype=torch.bfloat16), torch.zeros(8, 256, 128, dtype=torch.bfloat16)
+            ),
+            backend=config,
+        )
 
 
-@pytest.mark.parametrize("d", [d for d in DESCRIPTORS if not d.variant or d.variant == "blockwise"],
-                         ids=lambda d: d.kernel_name)
+@pytest.mark.parametrize(
+    "d", [d for d in DESCRIPTORS if not d.variant or d.variant == "blockwise"], ids=lambda d: d.kernel_name
+)
 def test_layer_constructs_on_cpu_without_preprocessing(d):
     """kernels §8: with preprocess_weights=False, 14 of 15 layers construct on CPU (rank-major needs W=8)."""
     import flashinfer.moe_ep as fi
+
     if not d.cpu_constructible:
         pytest.skip(f"{d.impl_name} needs a live GPU even to construct its layer (descriptor: {d.source})")
     cfg = getattr(fi, d.config_class)
     inter, hidden = max(128, d.intermediate_multiple), max(256, d.hidden_multiple)
-    kwargs = {} if d.exact_world_size else {"intermediate_size": inter,
-                                            "top_k": min(d.top_k_values, key=lambda k: abs(k - 2))}
-    pack = fi.MoEWeightPack(torch.zeros(8, 2 * inter, hidden, dtype=torch.bfloat16),
-                            torch.zeros(8, hidden, inter, dtype=torch.bfloat16))
+    kwargs = (
+        {}
+        if d.exact_world_size
+        else {"intermediate_size": inter, "top_k": min(d.top_k_values, key=lambda k: abs(k - 2))}
+    )
+    pack = fi.MoEWeightPack(
+        torch.zeros(8, 2 * inter, hidden, dtype=torch.bfloat16), torch.zeros(8, hidden, inter, dtype=torch.bfloat16)
+    )
     backend = fi.MegaConfig(megakernel=cfg(**kwargs), preprocess_weights=False)
     boot = fi.BootstrapConfig(1, 0, auto_bootstrap=False)
     if d.exact_world_size:

@@ -2,6 +2,7 @@
 CuTe DSL function: a second compile of the same traced function is the same compiled module, another constant or
 another body compiles, and a second process reads the module from the folder. On an SM90 GPU: a pull kernel read
 from memory and from the folder gives a fresh compile's output, bit for bit."""
+
 from __future__ import annotations
 
 import json
@@ -73,19 +74,31 @@ cute_dsl_cache.COUNTS = _Counts(cute_dsl_cache.COUNTS)
 """
 
 
-def _start(folder: Path, constants: list, offset: int = 0, cache: str = "1", signals: Path | None = None,
-           first: bool = False):
+def _start(
+    folder: Path, constants: list, offset: int = 0, cache: str = "1", signals: Path | None = None, first: bool = False
+):
     """Starts the program (from a file: CuTe DSL reads a function's source) with the cache folder ``folder``; with
     ``signals`` (a folder), as the lock test's first (``first``) or second process."""
     program = folder.parent / f"cute_program_{offset}{'_first' if first else '_second' if signals else ''}.py"
     hook = (_SLOW_FIRST_COMPILE if first else _SAYS_IT_WAITS) if signals else ""
     text = _PROGRAM.replace("import cutlass, cutlass.cute as cute\n", "import cutlass, cutlass.cute as cute\n" + hook)
     program.write_text(f"OFFSET = {offset}\n" + text)
-    env = {**os.environ, "CUTE_DSL_CACHE_DIR": str(folder), settings.CUTE_DSL_CACHE.name: cache,
-           "PYTHONPATH": str(ROOT), "COMPILING": str(signals / "compiling" if signals else ""),
-           "WAITING": str(signals / "waiting" if signals else "")}
-    return subprocess.Popen([sys.executable, str(program), json.dumps(constants)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {
+        **os.environ,
+        "CUTE_DSL_CACHE_DIR": str(folder),
+        settings.CUTE_DSL_CACHE.name: cache,
+        "PYTHONPATH": str(ROOT),
+        "COMPILING": str(signals / "compiling" if signals else ""),
+        "WAITING": str(signals / "waiting" if signals else ""),
+    }
+    return subprocess.Popen(
+        [sys.executable, str(program), json.dumps(constants)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _finish(started) -> tuple[dict, list[str]]:
@@ -213,7 +226,9 @@ def test_a_kernel_from_the_cache_gives_a_fresh_compiles_output_bit_for_bit(tmp_p
         deltas.append({k: cute_dsl_cache.COUNTS[k] - before[k] for k in before})
         if step != "compiled into the folder":  # a kernel whose traced IR differs per layer compiles each build
             again.update({n: c - names.get(n, 0) for n, c in cute_dsl_cache.COMPILED.items() if c > names.get(n, 0)})
-    line = f"{d.impl_name}: CuTe DSL compiles per step {deltas}; compiled again at each build: {sorted(again) or 'none'}"
+    line = (
+        f"{d.impl_name}: CuTe DSL compiles per step {deltas}; compiled again at each build: {sorted(again) or 'none'}"
+    )
     results.summary(line)
     print(line)
     hits = [x["requests"] - x["compiled"] for x in deltas]
@@ -221,5 +236,7 @@ def test_a_kernel_from_the_cache_gives_a_fresh_compiles_output_bit_for_bit(tmp_p
     assert hits[1] > 0 and deltas[1]["from_file"] == 0, f"{d.impl_name}: no kernel came from memory {deltas}"
     assert deltas[2]["from_file"] > 0, f"{d.impl_name}: no kernel came from the folder {deltas}"
     for step, out in zip(("compiled into the folder", "from memory", "from the folder"), outs):
-        assert torch.equal(out, fresh), (f"{d.impl_name}: the kernel {step} differs from a fresh compile in "
-                                         f"{int((out != fresh).sum())} of {out.numel()} elements")
+        assert torch.equal(out, fresh), (
+            f"{d.impl_name}: the kernel {step} differs from a fresh compile in "
+            f"{int((out != fresh).sum())} of {out.numel()} elements"
+        )

@@ -1,6 +1,7 @@
 """fixtures/flashinfer/deepgemm_cache.py on CPU: DeepGEMM names a cubin by its GEMM parameters alone, so the suite
 gives each FlashInfer version, DeepGEMM source tree and compiler a cache folder of its own, and leaves a folder
 the user chose alone."""
+
 from __future__ import annotations
 
 import pytest

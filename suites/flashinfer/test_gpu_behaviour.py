@@ -1,6 +1,7 @@
 """Checks on real SM90 layers that need no tolerance: knob invariance, CUDA-graph replay, poisoned output
 buffers, recovery after rejected inputs, and the documented error classes. Runs in the pytest process
 at EP1 (FlashInfer bootstraps a one-rank gloo group itself); every case skips without an SM90 GPU."""
+
 from __future__ import annotations
 
 import pytest
@@ -137,9 +138,11 @@ def test_output_invariant_knobs_are_bitwise_invariant(d):
             variant = _build(d, case, {knob.name: value})
             try:
                 got = variant.forward(x, ids, w)
-                assert torch.equal(got, want), (f"{d.impl_name}: {knob.name}={value!r} changes the output "
-                                                f"(max |diff| {(got.float() - want.float()).abs().max().item():.3g}); "
-                                                f"{knob.source} says it must not")
+                assert torch.equal(got, want), (
+                    f"{d.impl_name}: {knob.name}={value!r} changes the output "
+                    f"(max |diff| {(got.float() - want.float()).abs().max().item():.3g}); "
+                    f"{knob.source} says it must not"
+                )
             finally:
                 variant.close()
 

@@ -1,6 +1,7 @@
 """Faulty wrappers around real SM90 layers must each be caught by the oracle check at the kernel's own
 tolerance (noise bounds and systematic bounds): proof that the tolerances are tight enough to see real bugs.
 Every registered SM90 implementation is wrapped: the moe_ep kernels and flashinfer.megamoe's paths alike."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,11 +53,13 @@ def test_fault_around_a_real_layer_is_caught(name, fault):
     else:  # say what the checks saw, so a resolution is re-declared from evidence, not guessed
         seen = [m["systematic"] for m in run.metrics if "systematic" in m]
         bounds = subject.caps.effective_tolerance.systematic  # what check_oracle held it to
-        pytest.fail(f"GPU fault {fault} around {name} passed every check: systematic statistics "
-                    f"[value, robust standard error, tokens] {seen}; floors gain {bounds.gain_floor}, expert "
-                    f"{bounds.expert_gain_floor}, k {bounds.k} (t quantile for the tokens); declared resolution "
-                    f"{bounds.resolution}\n  scenario: {scenario.to_json()}\n  reproduce: "
-                    f"{repro_line(subject, scenario)}")
+        pytest.fail(
+            f"GPU fault {fault} around {name} passed every check: systematic statistics "
+            f"[value, robust standard error, tokens] {seen}; floors gain {bounds.gain_floor}, expert "
+            f"{bounds.expert_gain_floor}, k {bounds.k} (t quantile for the tokens); declared resolution "
+            f"{bounds.resolution}\n  scenario: {scenario.to_json()}\n  reproduce: "
+            f"{repro_line(subject, scenario)}"
+        )
     line = f"GPU fault {fault} around {name}: caught: {str(caught).splitlines()[0][:300]}"
     results.summary(line)
     print(line)
@@ -100,16 +103,19 @@ def _visible_case(name: str, fault: str) -> tuple[Scenario, int]:
     spec = f"faulty:{fault}@{name}"
     subject, layer, prepared = Subject(spec, load(spec), 1), _exact_layer(name), {}
     for seed in range(8, 24):
-        case = exact_scenario(subject, Scenario(layer, (BatchCase(tokens=(8,), seed=seed),), 1, ("gpu-fault-exact",)),
-                              seed)
+        case = exact_scenario(
+            subject, Scenario(layer, (BatchCase(tokens=(8,), seed=seed),), 1, ("gpu-fault-exact",)), seed
+        )
         recipe = subject.recipe_for(case)
         if case.layer not in prepared:  # the weights depend on the layer alone: prepared once, not once a seed
             prepared[case.layer] = prepare_weights(*make_weights(case.layer), recipe)
         changed = _changed_by(fault, case, recipe, prepared[case.layer])
         if changed:
             return case, changed
-    pytest.fail(f"fault {fault} changes {name}'s recipe answer on no exact case of batch seeds 8-23: it cannot be "
-                f"shown there (a construction problem, reference.exact_cases)")
+    pytest.fail(
+        f"fault {fault} changes {name}'s recipe answer on no exact case of batch seeds 8-23: it cannot be "
+        f"shown there (a construction problem, reference.exact_cases)"
+    )
 
 
 EXACT_FAULTS = ("scale_1e-3", "one_expert_scale_1e-2")  # issue 28: 0.1% and 1% on every SM90 backend, by `exact`
@@ -128,8 +134,10 @@ def test_exact_check_catches_a_fault_around_a_real_layer(name, fault):
         assert str(err).startswith("[exact]"), str(err)
         caught = err
     else:
-        pytest.fail(f"GPU fault {fault} around {name} passed the exact check, though under the recipe it changes "
-                    f"{changed} elements of this case's answer\n  reproduce: {repro_line(subject, case)}")
+        pytest.fail(
+            f"GPU fault {fault} around {name} passed the exact check, though under the recipe it changes "
+            f"{changed} elements of this case's answer\n  reproduce: {repro_line(subject, case)}"
+        )
     line = f"GPU fault {fault} around {name}: caught: {str(caught).splitlines()[0][:300]}"
     results.summary(line)
     print(line)
@@ -149,10 +157,12 @@ def test_the_unwrapped_layer_passes_the_exact_case(name):
 # layer and must fail the row's check within the profile's drawn cases of the kernel's pooled layers (no new kernel
 # shape). Written without a GPU: these skip here and have not run, so every row's GPU status is "waits for a GPU".
 # Faults that re-implement reference-ep's forward (a recipe variant, the EP offset) cannot wrap a real kernel.
-REFERENCE_ONLY = {"ue8m0_fc2_scale": "a recipe variant of reference-ep (the kernel's own FC2-input scale is what the "
-                                     "continuity check holds on a GPU: suites/conformance test_check[continuity])",
-                  "local_offset_ignored": "it re-implements reference-ep's forward with a wrong expert offset (on a GPU "
-                                          "the oracle at EP >= 2 holds the kernel's own offset)"}
+REFERENCE_ONLY = {
+    "ue8m0_fc2_scale": "a recipe variant of reference-ep (the kernel's own FC2-input scale is what the "
+    "continuity check holds on a GPU: suites/conformance test_check[continuity])",
+    "local_offset_ignored": "it re-implements reference-ep's forward with a wrong expert offset (on a GPU "
+    "the oracle at EP >= 2 holds the kernel's own offset)",
+}
 
 
 def _ledger_rows():
@@ -188,12 +198,17 @@ def test_ledger_fault_around_a_real_layer_is_caught(name, row):
     layers = layer_pool(subject.caps, ep)
     caught = []
 
-    @settings(deadline=None, phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        deadline=None,
+        phases=[Phase.explicit, Phase.generate],
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def search(data, seed):
-        scenario = data.draw(scenarios(subject.caps, ep, layers=layers,
-                                       max_batches=1 if CHECKS[row.check].single_batch else 3))
+        scenario = data.draw(
+            scenarios(subject.caps, ep, layers=layers, max_batches=1 if CHECKS[row.check].single_batch else 3)
+        )
         run_checks(subject, scenario, seed, [row.check])
 
     try:
@@ -261,7 +276,9 @@ def test_graph_replay_with_changed_inputs(name):
             scenario = Scenario(layer_case, (case,), 1, ("graph-replay",))
             mag = expected(scenario, subject.recipe_for(scenario), torch.device("cpu"))[0].term_mag
             verdict = compare(out.float().cpu()[:n], eager[:n], mag[:n], _metamorphic_tolerance(subject))
-            assert verdict.ok, (f"replay {i + 1} ({n} live tokens of {cap}) differs from a fresh eager layer: "
-                                + "; ".join(verdict.violations))
+            assert verdict.ok, (
+                f"replay {i + 1} ({n} live tokens of {cap}) differs from a fresh eager layer: "
+                + "; ".join(verdict.violations)
+            )
     finally:
         layer.close()

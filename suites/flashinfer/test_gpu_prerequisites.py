@@ -3,6 +3,7 @@ module. The module's loader is replaced by one that raises, so the test builds n
 when FlashInfer stops loading the module for the interleave, the finding no longer reproduces and is retired.
 Where the module is built, the suite's torch port of the interleave (the default stand-in) must equal
 FlashInfer's own output bit for bit."""
+
 from __future__ import annotations
 
 import pytest
@@ -44,13 +45,17 @@ def test_the_torch_interleave_equals_flashinfers_where_the_module_is_built():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     if not prerequisites.is_built(interleave.MODULE):
-        pytest.skip(f"{interleave.MODULE} is not built on this host (F13; `python -m tools.prebuild_jit` builds it): "
-                    "FlashInfer's interleave cannot run without it, so the port is checked against a thread-by-thread "
-                    "transcription of its CUDA kernel only (suites/flashinfer/test_interleave.py)")
+        pytest.skip(
+            f"{interleave.MODULE} is not built on this host (F13; `python -m tools.prebuild_jit` builds it): "
+            "FlashInfer's interleave cannot run without it, so the port is checked against a thread-by-thread "
+            "transcription of its CUDA kernel only (suites/flashinfer/test_interleave.py)"
+        )
     gen = torch.Generator().manual_seed(13)
     weight = torch.randint(0, 256, (3, 256, 512), generator=gen, dtype=torch.uint8)
     ours = interleave.interleave_fp4_fp8(weight)
     theirs = interleave.flashinfer_function()(weight.cuda(), "fp4_fp8").cpu()
     mismatched = (ours != theirs).nonzero()
-    assert not len(mismatched), (f"the torch interleave differs from FlashInfer's in {len(mismatched)} bytes, first "
-                                 f"at (expert, row, byte) {tuple(mismatched[0].tolist())}")
+    assert not len(mismatched), (
+        f"the torch interleave differs from FlashInfer's in {len(mismatched)} bytes, first "
+        f"at (expert, row, byte) {tuple(mismatched[0].tolist())}"
+    )

@@ -1,6 +1,7 @@
 """The torch stand-in for FlashInfer's SM90 mixed-GEMM E2M1 weight interleave (finding F13) equals a plain
 per-thread transcription of the CUDA kernel's index and bit arithmetic, is a permutation of the codes' bits,
 and replaces FlashInfer's function only where its module is not built (and not when turned off)."""
+
 from __future__ import annotations
 
 import sys
@@ -17,9 +18,16 @@ pytestmark = [pytest.mark.api, pytest.mark.cpu]
 def _signs_as_in_the_kernel(x: int) -> int:
     """preprocess_fp4x8_signs_for_fp8, mask by mask as the CUDA source writes it."""
     em = x & 0x77777777
-    signs = (((x & 0x00000008) << 4) | ((x & 0x00000080) << 8) | ((x & 0x00000800) << 12)
-             | ((x & 0x00008000) << 16) | ((x & 0x00080000) >> 16) | ((x & 0x00800000) >> 12)
-             | ((x & 0x08000000) >> 8) | ((x & 0x80000000) >> 4))
+    signs = (
+        ((x & 0x00000008) << 4)
+        | ((x & 0x00000080) << 8)
+        | ((x & 0x00000800) << 12)
+        | ((x & 0x00008000) << 16)
+        | ((x & 0x00080000) >> 16)
+        | ((x & 0x00800000) >> 12)
+        | ((x & 0x08000000) >> 8)
+        | ((x & 0x80000000) >> 4)
+    )
     return (em | signs) & 0xFFFFFFFF
 
 

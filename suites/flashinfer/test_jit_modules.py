@@ -2,6 +2,7 @@
 generator call resolves and names a module (nothing is compiled), every kernel it lists is registered, and
 FlashInfer looks for an AOT module where ci/restore_aot_modules.sh puts it. Run against every supported version
 (suites/flashinfer/test_other_versions.py): an upgrade that renames a generator fails here."""
+
 from __future__ import annotations
 
 import pytest
@@ -33,8 +34,9 @@ def test_the_installed_version_has_a_table():
     assert jit_modules.calls(installed_version()), f"no JIT module table for flashinfer-python {installed_version()}"
 
 
-@pytest.mark.parametrize("kernel, call", [(k, c) for k, cs in jit_modules.calls(installed_version()).items()
-                                          for c in cs])
+@pytest.mark.parametrize(
+    "kernel, call", [(k, c) for k, cs in jit_modules.calls(installed_version()).items() for c in cs]
+)
 def test_each_generator_call_names_a_module(kernel, call, hopper_target):
     assert kernel in KERNEL_NAMES or kernel in ("fused_topk_deepseek", *MEGAMOE), f"{kernel} is not registered"
     spec = jit_modules.spec(call)

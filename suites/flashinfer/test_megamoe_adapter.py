@@ -1,6 +1,7 @@
 """What the flashinfer.megamoe adapter hands the kernels, on CPU: the transformed weights decode (by the reference's
 model of the decoders, reference.megamoe_layout) to exactly the weights its recipe multiplies with, the staged
 activations are the recipe's own E4M3 codes and scales, and the declared constraints draw only legal layers."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,14 +15,16 @@ from fixtures.strategies import layer_cases
 from reference import megamoe_layout
 from reference.moe import prepare_weights
 
-mm = pytest.importorskip("flashinfer.megamoe", reason="the installed FlashInfer ships no flashinfer.megamoe (0.7.4 does)")
+mm = pytest.importorskip(
+    "flashinfer.megamoe", reason="the installed FlashInfer ships no flashinfer.megamoe (0.7.4 does)"
+)
 pytestmark = pytest.mark.cpu
 
 
 def _experts(seed: int, experts: int = 2, hidden: int = 256, inter: int = 128):
     gen = torch.Generator().manual_seed(seed)
-    w13 = (torch.randn(experts, 2 * inter, hidden, generator=gen) * hidden ** -0.5).bfloat16()
-    w2 = (torch.randn(experts, hidden, inter, generator=gen) * inter ** -0.5 * 40).bfloat16()  # G != 1 on this leg
+    w13 = (torch.randn(experts, 2 * inter, hidden, generator=gen) * hidden**-0.5).bfloat16()
+    w2 = (torch.randn(experts, hidden, inter, generator=gen) * inter**-0.5 * 40).bfloat16()  # G != 1 on this leg
     return w13, w2
 
 
@@ -58,8 +61,9 @@ def test_the_staged_activations_are_the_recipes_codes_padded_with_masked_rows():
     assert scales.dtype == torch.float32 and staged_ids.dtype == torch.int64 and staged_w.dtype == torch.float32
     want_codes, want_scales = recipe.act.scaled_blocks(x.float())
     assert torch.equal(codes[:5].float(), want_codes) and torch.equal(scales[:5], want_scales)
-    assert torch.equal((codes[:5].float().view(5, 2, 128) * scales[:5, :, None]).view(5, 256),
-                       recipe.act.round_trip(x.float()))
+    assert torch.equal(
+        (codes[:5].float().view(5, 2, 128) * scales[:5, :, None]).view(5, 256), recipe.act.round_trip(x.float())
+    )
     assert (staged_ids[5:] == -1).all() and torch.equal(staged_ids[:5], ids)
     assert (codes[5:].float() == 0).all() and (staged_w[5:] == 0).all()
 
@@ -77,8 +81,10 @@ def test_the_strategies_draw_only_layers_the_package_accepts(path, data):
     assert layer.hidden % 256 == 0 and layer.intermediate % 128 == 0 and layer.top_k <= min(32, layer.num_experts)
     if path.half_intermediate:
         assert 2 * layer.intermediate <= layer.hidden
-    mm.select_mxfp4_fused_plan(132, ep, layer.num_experts, layer.top_k, layer.hidden, layer.intermediate,
-                               layer.capacity, 1)  # raises ValueError on anything the buffer would refuse
+    mm.select_mxfp4_fused_plan(
+        132, ep, layer.num_experts, layer.top_k, layer.hidden, layer.intermediate, layer.capacity, 1
+    )  # raises ValueError on anything the buffer would refuse
     if path.kernel_family == "fused":
-        mm.select_fused_plan(132, ep, layer.num_experts, layer.top_k, layer.hidden, layer.intermediate,
-                             layer.capacity, layer.capacity)
+        mm.select_fused_plan(
+            132, ep, layer.num_experts, layer.top_k, layer.hidden, layer.intermediate, layer.capacity, layer.capacity
+        )

@@ -3,6 +3,7 @@ selectors choose for a layer's token counts, reached in one sequence of calls wi
 held to the recipe of that plan; CUDA-graph capture and replay; fused and split on the same inputs. Each case runs
 on the path's rank pool; every per-case record names the plan each batch ran. Nothing here names a path: they come
 from fixtures/flashinfer/megamoe_paths.py."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -81,10 +82,15 @@ def test_every_plan_is_reached_and_matches_its_recipe(path, ep):
     for recipe, planned in by_recipe.values():
         ordered = sorted(planned, key=lambda pm: pm[1])
         ordered = ordered + ordered[-2::-1]  # up, then down again: consecutive calls with changing m
-        batches = tuple(BatchCase(tokens=(m,) * ep, seed=70 + i, pattern="masked" if i % 3 == 2 else "random")
-                        for i, (_, m) in enumerate(ordered))
-        held = Subject(subject.impl, dataclasses.replace(
-            subject.implementation, capabilities=dataclasses.replace(subject.caps, recipe=recipe)), ep)
+        batches = tuple(
+            BatchCase(tokens=(m,) * ep, seed=70 + i, pattern="masked" if i % 3 == 2 else "random")
+            for i, (_, m) in enumerate(ordered)
+        )
+        held = Subject(
+            subject.impl,
+            dataclasses.replace(subject.implementation, capabilities=dataclasses.replace(subject.caps, recipe=recipe)),
+            ep,
+        )
         scenario = Scenario(layer, batches, ep, ("megamoe-plans", recipe.name))
         started = time.monotonic()
         run = check_oracle(held, scenario)
@@ -120,11 +126,13 @@ def test_fused_and_split_agree_on_the_same_inputs(ep):
     fused, split = (next(p for p in PATHS if p.kernel_family == fam) for fam in ("fused", "split"))
     subjects = [_subject(p.name, ep) for p in (fused, split)]
     layer = dataclasses.replace(plan_layer(ep), capacity=64, weight_seed=63)
-    scenario = Scenario(layer, tuple(BatchCase(tokens=(m,) * ep, seed=90 + m) for m in (1, 24, 64)), ep,
-                        ("megamoe-fused-vs-split",))
+    scenario = Scenario(
+        layer, tuple(BatchCase(tokens=(m,) * ep, seed=90 + m) for m in (1, 24, 64)), ep, ("megamoe-fused-vs-split",)
+    )
     runs = [check_oracle(s, scenario) for s in subjects]
     # the split outputs, held to the fused outputs as the oracle: the recipe's own noise bounds
-    runs[1].expected = [dataclasses.replace(e, ref=torch.cat(runs[0].outputs[b]).to(e.ref.dtype))
-                        for b, e in enumerate(expected(scenario, fused.recipe, oracle_device(subjects[0]),
-                                                       with_terms=False))]
+    runs[1].expected = [
+        dataclasses.replace(e, ref=torch.cat(runs[0].outputs[b]).to(e.ref.dtype))
+        for b, e in enumerate(expected(scenario, fused.recipe, oracle_device(subjects[0]), with_terms=False))
+    ]
     compare_outputs(subjects[1], scenario, runs[1])

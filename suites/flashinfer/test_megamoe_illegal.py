@@ -2,6 +2,7 @@
 (issue 26 item 3). A strategy draws each kind; where the package does not refuse it, the test is the finding's
 strict xfail with its reproduction (F15-F18). What needs no GPU runs here on the CPU; the calls that reach a kernel
 run in a process of their own (fixtures/flashinfer/megamoe_probe.py), bounded in time."""
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,9 @@ from fixtures.checks import suite_python
 from fixtures.findings import FINDINGS, expect_finding, text
 from fixtures.flashinfer import megamoe_modules, megamoe_probe
 
-mm = pytest.importorskip("flashinfer.megamoe", reason="the installed FlashInfer ships no flashinfer.megamoe (0.7.4 does)")
+mm = pytest.importorskip(
+    "flashinfer.megamoe", reason="the installed FlashInfer ships no flashinfer.megamoe (0.7.4 does)"
+)
 # A fresh process: torch, FlashInfer, a one-rank group, the prebuilt module: 12.6 s on the H200 for the case FlashInfer
 # refuses; an id it does not check hangs the kernel past any bound (reference.evidence.MEGAMOE_EXACT), so the bound
 # is short
@@ -108,10 +111,21 @@ def _probe(case: dict) -> tuple[dict, str]:
 
 
 CASES = {  # kind -> (the finding that says the package does not refuse it, or None, the case strategy)
-    "id_out_of_range": ("F18", st.fixed_dictionaries({"tokens": st.integers(1, 8), "token": st.integers(0, 7),
-                                                      "slot": st.integers(0, 1), "seed": st.integers(0, 99)})),
-    "duplicate_expert": ("F18", st.fixed_dictionaries({"tokens": st.integers(1, 8), "token": st.integers(0, 7),
-                                                       "seed": st.integers(0, 99)})),
+    "id_out_of_range": (
+        "F18",
+        st.fixed_dictionaries(
+            {
+                "tokens": st.integers(1, 8),
+                "token": st.integers(0, 7),
+                "slot": st.integers(0, 1),
+                "seed": st.integers(0, 99),
+            }
+        ),
+    ),
+    "duplicate_expert": (
+        "F18",
+        st.fixed_dictionaries({"tokens": st.integers(1, 8), "token": st.integers(0, 7), "seed": st.integers(0, 99)}),
+    ),
     "zero_tokens": (None, st.fixed_dictionaries({"seed": st.integers(0, 99)})),
 }
 assert set(CASES) == set(megamoe_probe.KINDS)

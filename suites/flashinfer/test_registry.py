@@ -2,26 +2,36 @@
 
 A FlashInfer upgrade that adds, renames or drops a kernel fails here with the names to act on.
 """
+
 from __future__ import annotations
 
 import pytest
 
 from fixtures.flashinfer.adapter import capabilities
-from fixtures.flashinfer.descriptors import (COLLECTIVE, DEPRECATED_ALIASES, DESCRIPTORS, KERNEL_NAMES, NUMERICS,
-                                            OUTPUT_INVARIANT)
+from fixtures.flashinfer.descriptors import (
+    COLLECTIVE,
+    DEPRECATED_ALIASES,
+    DESCRIPTORS,
+    KERNEL_NAMES,
+    NUMERICS,
+    OUTPUT_INVARIANT,
+)
 
 pytestmark = [pytest.mark.api, pytest.mark.cpu]
 
 
 def _registry():
     from flashinfer.moe_ep.core.kernel import registry
+
     return registry
 
 
 def test_no_registered_kernel_is_unknown():
     unknown = sorted(set(_registry()._available_mega_kernels()) - set(KERNEL_NAMES))
-    assert not unknown, (f"unknown backend(s) registered by the installed FlashInfer: {unknown}; add a descriptor "
-                         f"in fixtures/flashinfer/descriptors.py (arch, recipe, constraints, knobs, tolerance)")
+    assert not unknown, (
+        f"unknown backend(s) registered by the installed FlashInfer: {unknown}; add a descriptor "
+        f"in fixtures/flashinfer/descriptors.py (arch, recipe, constraints, knobs, tolerance)"
+    )
 
 
 def test_no_descriptor_is_orphaned():
@@ -38,6 +48,7 @@ def test_descriptor_names_a_real_config_class_for_its_kernel(d):
     import dataclasses
 
     import flashinfer.moe_ep as fi
+
     cls = getattr(fi, d.config_class)
     default = dict(d.config).get("kernel_name", {f.name: f.default for f in dataclasses.fields(cls)}.get("kernel_name"))
     assert default == d.kernel_name, f"{d.config_class}.kernel_name = {default!r}, descriptor says {d.kernel_name!r}"

@@ -1,5 +1,6 @@
 """FlashInfer's routing ops held to their declared findings (F10: at most 4 kept groups, F11: at most 8
 groups read), and the strategy's promise to route around them only through the op's descriptor."""
+
 from __future__ import annotations
 
 import os
@@ -11,7 +12,13 @@ import pytest
 from hypothesis import given, settings
 
 from fixtures.findings import expect_finding
-from fixtures.flashinfer.routing_check import (GROUPS_BEYOND_EIGHT, KEPT_GROUPS_BEYOND_FOUR, RoutingCase, held_to_finding, routing_cases)
+from fixtures.flashinfer.routing_check import (
+    GROUPS_BEYOND_EIGHT,
+    KEPT_GROUPS_BEYOND_FOUR,
+    RoutingCase,
+    held_to_finding,
+    routing_cases,
+)
 from fixtures.flashinfer.routing_ops import OPS, supported_marker
 
 pytest.importorskip("flashinfer", reason="flashinfer-python is not installed")
@@ -19,8 +26,11 @@ CHILD_TIMEOUT_S = 600  # a fresh process loads the op (JIT-compiled on a host wi
 
 
 def _grouped_ops():
-    return [pytest.param(op, id=op.name, marks=supported_marker(op)) for op in OPS
-            if op.grouped and "DeepSeekV3" in op.methods]
+    return [
+        pytest.param(op, id=op.name, marks=supported_marker(op))
+        for op in OPS
+        if op.grouped and "DeepSeekV3" in op.methods
+    ]
 
 
 @pytest.mark.parametrize("op", _grouped_ops())
@@ -30,8 +40,11 @@ def test_kept_groups_beyond_four(op):
 
 
 def _grouped_beyond_eight_ops():
-    return [pytest.param(op, id=op.name, marks=supported_marker(op)) for op in OPS
-            if op.grouped and "DeepSeekV3" in op.methods and op.max_experts >= 64]
+    return [
+        pytest.param(op, id=op.name, marks=supported_marker(op))
+        for op in OPS
+        if op.grouped and "DeepSeekV3" in op.methods and op.max_experts >= 64
+    ]
 
 
 @pytest.mark.parametrize("op", _grouped_beyond_eight_ops())
@@ -43,15 +56,22 @@ def test_groups_beyond_eight(op):
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))}
     try:
-        child = subprocess.run([sys.executable, "-m", "ci.repro_routing", case.to_json()], cwd=root, env=env,
-                               capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+        child = subprocess.run(
+            [sys.executable, "-m", "ci.repro_routing", case.to_json()],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=CHILD_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
         pytest.fail(f"{op.name}: the child process running {case.to_json()} did not finish in {CHILD_TIMEOUT_S} s")
     lines = (child.stdout + child.stderr).strip().splitlines()
     verdict = next((line for line in lines if line.startswith(("PASS", "FAIL"))), None)
     if verdict is None:
-        pytest.fail(f"{op.name}: the child process exited {child.returncode} without a verdict: "
-                    f"{' | '.join(lines[-3:])}")
+        pytest.fail(
+            f"{op.name}: the child process exited {child.returncode} without a verdict: {' | '.join(lines[-3:])}"
+        )
     ok = verdict.startswith("PASS") and child.returncode == 0
     observed = verdict if child.returncode in (0, 1) else f"{verdict} (then the child exited {child.returncode})"
     expect_finding(op.name, op.finding("F11"), "F11", ok, observed[:400])

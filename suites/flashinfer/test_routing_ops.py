@@ -8,6 +8,7 @@
 * On a GPU an op does not support: the call is refused with FlashInfer's BackendSupportedError.
 Nothing here names an op: the descriptors in fixtures/flashinfer/routing_ops.py drive it.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -25,7 +26,6 @@ from fixtures.flashinfer.routing_ops import BY_NAME, OPS, RoutingOp, call, suppo
 from reference.routing import BIASED_METHODS, METHOD_TABLE
 
 flashinfer = pytest.importorskip("flashinfer", reason="flashinfer-python is not installed")
-
 
 
 def _op_method_params():
@@ -49,8 +49,10 @@ def _ungrouped_top_k(op: RoutingOp, method: str) -> int:
 
 
 @pytest.mark.parametrize("op, method", _op_method_params())
-@pytest.mark.parametrize("pattern, grouped", [("ties", False), ("ties", True), ("all_negative", True),
-                                             ("underflow", False), ("underflow", True)])
+@pytest.mark.parametrize(
+    "pattern, grouped",
+    [("ties", False), ("ties", True), ("all_negative", True), ("underflow", False), ("underflow", True)],
+)
 def test_explicit_case(op, method, pattern, grouped):
     """The inputs the issue names, once each whatever hypothesis draws: 64 experts (8 groups of 8 when
     grouped, 4 kept), K = 4 (1 for Llama4, or where the op's ungrouped path takes fewer)."""
@@ -59,9 +61,20 @@ def test_explicit_case(op, method, pattern, grouped):
     biased = method in BIASED_METHODS
     groups = (8, 4) if grouped else op.ungrouped_groups
     top_k = 4 if grouped else _ungrouped_top_k(op, method)
-    case = RoutingCase(op=op.name, method=method, dtype=op.dtypes[0], tokens=37, experts=64,
-                       top_k=top_k, n_group=groups[0], topk_group=groups[1],
-                       routed_scaling_factor=2.5 if biased else 1.0, biased=biased, pattern=pattern, seed=11)
+    case = RoutingCase(
+        op=op.name,
+        method=method,
+        dtype=op.dtypes[0],
+        tokens=37,
+        experts=64,
+        top_k=top_k,
+        n_group=groups[0],
+        topk_group=groups[1],
+        routed_scaling_factor=2.5 if biased else 1.0,
+        biased=biased,
+        pattern=pattern,
+        seed=11,
+    )
     if pattern == "underflow" and biased and op.finding("F8"):
         held_to_finding(op, case, "F8", "the weights match the reference")
         return
@@ -69,6 +82,7 @@ def test_explicit_case(op, method, pattern, grouped):
 
 
 # --------------------------------------------------------------------- documented limits, on CPU too
+
 
 class Launched(Exception):
     """The op got past its validation and would have launched its kernel."""
@@ -100,8 +114,18 @@ def _dsv3(scores, k, n_group, topk_group, **kw):
     from flashinfer.fused_moe import fused_topk_deepseek
 
     t, e = scores.shape
-    fused_topk_deepseek(scores, torch.zeros(e), n_group, topk_group, k, 1.0, torch.empty(t, k, dtype=scores.dtype),
-                        torch.empty(t, k, dtype=torch.int32), launch_with_pdl=False, **kw)
+    fused_topk_deepseek(
+        scores,
+        torch.zeros(e),
+        n_group,
+        topk_group,
+        k,
+        1.0,
+        torch.empty(t, k, dtype=scores.dtype),
+        torch.empty(t, k, dtype=torch.int32),
+        launch_with_pdl=False,
+        **kw,
+    )
 
 
 def _gen(logits, k, method="Renormalize", **kw):
@@ -139,8 +163,14 @@ INVALID = {  # op -> (id, call, message the ValueError must carry); None for the
 
 
 @pytest.mark.api
-@pytest.mark.parametrize("op, label, make, message", [
-    pytest.param(op, label, make, msg, id=f"{op.name}-{label}") for op in OPS for label, make, msg in INVALID[op.name]])
+@pytest.mark.parametrize(
+    "op, label, make, message",
+    [
+        pytest.param(op, label, make, msg, id=f"{op.name}-{label}")
+        for op in OPS
+        for label, make, msg in INVALID[op.name]
+    ],
+)
 def test_documented_limits_are_enforced_before_launch(validation_only, op, label, make, message):
     validation_only(op)
     if message is None:  # control: a valid call reaches the launch, so the rejections below are real
@@ -150,8 +180,9 @@ def test_documented_limits_are_enforced_before_launch(validation_only, op, label
     try:
         make()
     except Launched:
-        pytest.fail(f"{op.name} accepted an invalid call ({label}): it reached the kernel launch; "
-                    f"documented limit: {op.source}")
+        pytest.fail(
+            f"{op.name} accepted an invalid call ({label}): it reached the kernel launch; documented limit: {op.source}"
+        )
     except ValueError as err:
         assert re.search(message, str(err)), f"{op.name} ({label}) raised, but not the documented error: {err}"
 
@@ -161,21 +192,31 @@ F5 = findings.text("F5") + " | this case: "
 
 
 @pytest.mark.api
-@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=F5 + "E=32, n_group=8, topk_group=1 keeps 4 experts, yet topk=6 is accepted "
-                   "and reaches the kernel (the launcher checks topk <= 32 only, noAuxTcKernels.cu:370)")
+@pytest.mark.xfail(
+    strict=True,
+    raises=pytest.fail.Exception,
+    reason=F5 + "E=32, n_group=8, topk_group=1 keeps 4 experts, yet topk=6 is accepted "
+    "and reaches the kernel (the launcher checks topk <= 32 only, noAuxTcKernels.cu:370)",
+)
 def test_dsv3_top_k_above_the_kept_experts_is_rejected(validation_only):
     validation_only(DSV3)
     with pytest.raises(ValueError):
         try:
             _dsv3(z(4, 32), 6, 8, 1)
         except Launched:
-            pytest.fail("fused_topk_deepseek accepted topk=6 with 4 experts in the kept group (reproduce: "
-                        "pytest suites/flashinfer/test_routing_ops.py -k top_k_above)")
+            pytest.fail(
+                "fused_topk_deepseek accepted topk=6 with 4 experts in the kept group (reproduce: "
+                "pytest suites/flashinfer/test_routing_ops.py -k top_k_above)"
+            )
 
 
 @pytest.mark.api
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=F5 + "the documented ungrouped branch (n_group == 1: num_experts <= 384, "
-                   "topk <= 8) accepts topk=1 only, so the Kimi-K2 geometry E=384, K=8 is refused")
+@pytest.mark.xfail(
+    strict=True,
+    raises=ValueError,
+    reason=F5 + "the documented ungrouped branch (n_group == 1: num_experts <= 384, "
+    "topk <= 8) accepts topk=1 only, so the Kimi-K2 geometry E=384, K=8 is refused",
+)
 def test_dsv3_ungrouped_branch_takes_top_k_8(validation_only):
     validation_only(DSV3)
     with pytest.raises(Launched):
@@ -188,8 +229,9 @@ LAUNCHER_CHECKS = [  # rejected by the C++ launcher, not by Python: needs the re
 ]
 
 
-@pytest.mark.parametrize("label, shape, message", [
-    pytest.param(*c, id=c[0], marks=supported_marker(DSV3)) for c in LAUNCHER_CHECKS])
+@pytest.mark.parametrize(
+    "label, shape, message", [pytest.param(*c, id=c[0], marks=supported_marker(DSV3)) for c in LAUNCHER_CHECKS]
+)
 def test_dsv3_launcher_rejects(label, shape, message):
     dev = torch.device("cuda", 0)
     scores = torch.randn(4, shape["experts"], device=dev)
@@ -198,8 +240,16 @@ def test_dsv3_launcher_rejects(label, shape, message):
     from flashinfer.fused_moe import fused_topk_deepseek
 
     with pytest.raises(Exception, match=message):
-        fused_topk_deepseek(scores, torch.zeros(shape["experts"], device=dev), shape["n_group"], shape["topk_group"],
-                            shape["top_k"], 1.0, values, indices)
+        fused_topk_deepseek(
+            scores,
+            torch.zeros(shape["experts"], device=dev),
+            shape["n_group"],
+            shape["topk_group"],
+            shape["top_k"],
+            1.0,
+            values,
+            indices,
+        )
     torch.cuda.synchronize()  # the context is still usable after the rejection
     ids, _ = call(DSV3, torch.randn(4, 64, device=dev), "DeepSeekV3", 4, n_group=8, topk_group=4)
     assert ids.shape == (4, 4)
@@ -208,10 +258,22 @@ def test_dsv3_launcher_rejects(label, shape, message):
 def _unsupported_here():
     here = arch.local_arch()
     if here is None:
-        return [pytest.param(op, id=op.name, marks=pytest.mark.skip(reason="no CUDA GPU on this machine"))
-                for op in OPS]
-    return [pytest.param(op, id=op.name, marks=[getattr(pytest.mark, here)] + (
-        [pytest.mark.skip(reason=f"{op.name} supports {here}: nothing to refuse on this GPU")] if here in op.arches else [])) for op in OPS]
+        return [
+            pytest.param(op, id=op.name, marks=pytest.mark.skip(reason="no CUDA GPU on this machine")) for op in OPS
+        ]
+    return [
+        pytest.param(
+            op,
+            id=op.name,
+            marks=[getattr(pytest.mark, here)]
+            + (
+                [pytest.mark.skip(reason=f"{op.name} supports {here}: nothing to refuse on this GPU")]
+                if here in op.arches
+                else []
+            ),
+        )
+        for op in OPS
+    ]
 
 
 @pytest.mark.parametrize("op", _unsupported_here())

@@ -1,5 +1,6 @@
 """The prequantized weight packs the adapter hands FlashInfer's SM90 FP4 kernels decode to what their recipes
 model: the kernel and the reference see the same codes (the pack is made by the reference's quantizers)."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,7 +28,9 @@ def _decode(d, pack):
             payload, scales = mx.humming_rewrite(payload, scales, max_range=d.recipe.weight.humming_max_range)
             legs.append(mx.mx_dequantize(payload, scales, fmt="mxfp4"))
         else:
-            qs = quant.e2m1_decode(quant.unpack_fp4(payload)) * scales.view(torch.float8_e4m3fn).float().repeat_interleave(16, -1)
+            qs = quant.e2m1_decode(quant.unpack_fp4(payload)) * scales.view(
+                torch.float8_e4m3fn
+            ).float().repeat_interleave(16, -1)
             g = getattr(pack, leg + "_global_scale")
             legs.append(quant.saturating_cast(qs / 8, torch.float8_e4m3fn, 448.0).float() * (8 * g)[:, None, None])
     return legs

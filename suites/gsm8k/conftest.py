@@ -1,4 +1,5 @@
 """GSM8K tests use the pinned test/train files, found where gates.gsm8k.dataset looks: MOE_GSM8K_DIR or the cache."""
+
 from __future__ import annotations
 
 import threading
@@ -14,9 +15,11 @@ def gsm8k_dir():
     for path in dataset.candidates("test"):
         if path.is_file():
             return path.parent
-    pytest.skip("GSM8K test.jsonl not found: set MOE_GSM8K_DIR to its folder, or put it in the cache "
-                "(MOE_GSM8K_CACHE, default ~/.cache/moe-conformance/gsm8k); "
-                "the project never commits the data")
+    pytest.skip(
+        "GSM8K test.jsonl not found: set MOE_GSM8K_DIR to its folder, or put it in the cache "
+        "(MOE_GSM8K_CACHE, default ~/.cache/moe-conformance/gsm8k); "
+        "the project never commits the data"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -35,8 +38,14 @@ def toy_server(test_split):
     started = []
 
     def start(**kw):
-        policy = Policy(kw.pop("accuracy", 0.9), kw.pop("salt", "toy"), kw.pop("flip", 0), kw.pop("flip_seed", 0),
-                        kw.pop("silent", False), {p.question: p.answer for p in test_split})
+        policy = Policy(
+            kw.pop("accuracy", 0.9),
+            kw.pop("salt", "toy"),
+            kw.pop("flip", 0),
+            kw.pop("flip_seed", 0),
+            kw.pop("silent", False),
+            {p.question: p.answer for p in test_split},
+        )
         server = serve(0, policy, **kw)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         started.append(server)

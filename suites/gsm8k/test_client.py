@@ -1,4 +1,5 @@
 """The client survives server faults without losing an answer, and an interrupted run resumes."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _config(url, **kw):
-    settings = dict(concurrency=32, timeout_s=1.0, retries=10, backoff_s=0.02, backoff_max_s=0.2, progress=False,
-                    stop=prompts.RECIPES["vllm"].stop)
+    settings = dict(
+        concurrency=32,
+        timeout_s=1.0,
+        retries=10,
+        backoff_s=0.02,
+        backoff_max_s=0.2,
+        progress=False,
+        stop=prompts.RECIPES["vllm"].stop,
+    )
     settings.update(kw)
     return client.ClientConfig(url, **settings)
 
@@ -60,10 +68,16 @@ def test_a_store_of_another_run_is_refused(toy_server, test_split, train_split, 
 def test_a_killed_gate_process_resumes_without_reasking(toy_server, gsm8k_dir, tmp_path):
     """Kill the real CLI halfway through the candidate's questions, run it again, count the requests."""
     base, cand = toy_server(), toy_server()
-    config = {"model": "toy", "recipe": "vllm", "num_questions": 1319, "data": str(gsm8k_dir),
-              "client": {"concurrency": 4, "timeout_s": 5, "retries": 3, "progress": False},
-              "gate": {"max_drop": 0.02}, "baseline": {"name": "base", "url": base},
-              "candidate": {"name": "cand", "url": cand}}
+    config = {
+        "model": "toy",
+        "recipe": "vllm",
+        "num_questions": 1319,
+        "data": str(gsm8k_dir),
+        "client": {"concurrency": 4, "timeout_s": 5, "retries": 3, "progress": False},
+        "gate": {"max_drop": 0.02},
+        "baseline": {"name": "base", "url": base},
+        "candidate": {"name": "cand", "url": cand},
+    }
     path = tmp_path / "gate.yaml"
     path.write_text(yaml.safe_dump(config))
     cmd = [sys.executable, "-m", "ci.gsm8k_gate", str(path), "--out", str(tmp_path / "out")]
@@ -87,6 +101,7 @@ def test_a_killed_gate_process_resumes_without_reasking(toy_server, gsm8k_dir, t
     assert result.returncode == 0, result.stdout + result.stderr
     after = httpx.get(cand + "/stats").json()["served"]
     from gates.gsm8k import dataset
+
     questions = dataset.load("test", gsm8k_dir)
     reasked = [i for i in answered if after.get(questions[i].question, 0) > before.get(questions[i].question, 0)]
     assert not reasked, f"{len(reasked)} stored answers were asked again after the restart"

@@ -1,4 +1,5 @@
 """The dataset is found, pinned by sha256, downloaded into a cache when absent, refused when altered."""
+
 from __future__ import annotations
 
 import functools

@@ -1,5 +1,6 @@
 """The gate decides correctly on constructed scenarios over all 1319 questions, end to end:
 servers started from config commands on loopback, all questions asked, scored, decided."""
+
 from __future__ import annotations
 
 import sys
@@ -19,12 +20,19 @@ CONCURRENCY = 8
 
 def _run(tmp_path, gsm8k_dir, candidate_args, recipe="vllm"):
     data = f"--data {gsm8k_dir}"
-    cfg = GateConfig(model="toy", recipe=recipe, data=str(gsm8k_dir),
-                     client={"concurrency": CONCURRENCY, "timeout_s": 10, "progress": False}, gate=RULE,
-                     baseline=ServerSpec("baseline", command=f"{TOY} {data} --accuracy 0.90", health_path="/health",
-                                         startup_timeout_s=60),
-                     candidate=ServerSpec("candidate", command=f"{TOY} {data} {candidate_args}", health_path="/health",
-                                          startup_timeout_s=60))
+    cfg = GateConfig(
+        model="toy",
+        recipe=recipe,
+        data=str(gsm8k_dir),
+        client={"concurrency": CONCURRENCY, "timeout_s": 10, "progress": False},
+        gate=RULE,
+        baseline=ServerSpec(
+            "baseline", command=f"{TOY} {data} --accuracy 0.90", health_path="/health", startup_timeout_s=60
+        ),
+        candidate=ServerSpec(
+            "candidate", command=f"{TOY} {data} {candidate_args}", health_path="/health", startup_timeout_s=60
+        ),
+    )
     return run_gate(cfg, tmp_path)
 
 
@@ -57,7 +65,7 @@ def test_a_candidate_that_answers_nothing_fails(tmp_path, gsm8k_dir):
 
 
 def test_mcnemar_and_stderr_by_hand():
-    assert gate.mcnemar_worse_p(40, 0) == pytest.approx(0.5 ** 40)
+    assert gate.mcnemar_worse_p(40, 0) == pytest.approx(0.5**40)
     assert gate.mcnemar_worse_p(0, 0) == 1.0
     assert gate.mcnemar_worse_p(5, 5) > 0.5
     s = gate.Score("last_integer", [True] * 88 + [False] * 12, [False] * 100)

@@ -1,4 +1,5 @@
 """Prompts are built exactly as each source tool builds them."""
+
 import random
 
 import pytest

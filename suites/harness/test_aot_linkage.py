@@ -2,6 +2,7 @@
 call of an AOT module built against a libcuda stub that defined nothing ("symbol lookup error:
 undefined symbol: cuLibraryLoadData", exit 127); these tests hold the rule that predicts it to the dynamic loader's
 own verdict (dlopen with RTLD_NOW, which resolves every symbol at once instead of at the first call)."""
+
 from __future__ import annotations
 
 import os
@@ -15,8 +16,11 @@ from ci import aot_linkage
 from tools import driver_stub
 from fixtures.shared_objects import CC, DRIVER_CALLER, FAKE_CUDA_H, NO_DRIVER, compile_so
 
-pytestmark = [pytest.mark.harness, pytest.mark.cpu,
-              pytest.mark.skipif(CC is None, reason="no C compiler (cc/gcc) to build the stand-in modules")]
+pytestmark = [
+    pytest.mark.harness,
+    pytest.mark.cpu,
+    pytest.mark.skipif(CC is None, reason="no C compiler (cc/gcc) to build the stand-in modules"),
+]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -34,8 +38,13 @@ def stubs(tmp_path):
 
 def _loads_with_rtld_now(module: Path, library_path: Path) -> subprocess.CompletedProcess:
     code = f"import ctypes, os; ctypes.CDLL({str(module)!r}, mode=os.RTLD_NOW)"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "LD_LIBRARY_PATH": str(library_path)})
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "LD_LIBRARY_PATH": str(library_path)},
+    )
 
 
 def test_the_written_stub_defines_every_spelling_and_carries_the_soname(stubs):
@@ -84,8 +93,13 @@ def test_the_command_names_each_unfit_module_and_exits_1(stubs, tmp_path):
     empty, made = stubs
     compile_so(tmp_path / "mods" / "bad", "bad.so", DRIVER_CALLER, f"-L{empty.parent}", "-lcuda")
     compile_so(tmp_path / "mods" / "good", "good.so", DRIVER_CALLER, f"-L{made.parent}", "-lcuda")
-    done = subprocess.run([sys.executable, "-m", "ci.aot_linkage", "--names", str(tmp_path / "mods")], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "ci.aot_linkage", "--names", str(tmp_path / "mods")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1 and done.stdout.split() == [str(tmp_path / "mods" / "bad" / "bad.so")], done.stdout
 
 
@@ -101,6 +115,20 @@ def test_the_load_check_finds_what_the_driver_rule_cannot(stubs, tmp_path):
     assert set(found) == {orphan} and "undefined symbol: nowhere" in found[orphan], found
     (made.parent / "libcuda.so.1").symlink_to(made)
     env = {**os.environ, "LD_LIBRARY_PATH": str(made.parent)}
-    done = subprocess.run([sys.executable, "-m", "ci.aot_linkage", "--load", "--names", str(tmp_path / "driver"),
-                           str(tmp_path / "plain")], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ci.aot_linkage",
+            "--load",
+            "--names",
+            str(tmp_path / "driver"),
+            str(tmp_path / "plain"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0 and not done.stdout, done.stdout + done.stderr  # the driver found: it loads

@@ -1,6 +1,7 @@
 """The mistakes people make with the ``python -m ci.*`` commands, run as they would run them: each gets its own exit
 code (ci/cli.py: 4 unusable input, 6 could not complete, 5 nothing tested; never 0 and never a verdict's 1) and
 one line on stderr that says what was wrong, with no traceback. The rows of issue 27's table, and their kin."""
+
 from __future__ import annotations
 
 import json
@@ -65,45 +66,150 @@ def refusing(request):
 # it may take); in argv and files, {tmp} is the test's folder and {url} the refusing server
 ROWS = [
     ("compare-missing-folder", ["ci.compare_runs", "{tmp}/nowhere", "{tmp}"], {}, cli.INPUT, "incomparable", 60),
-    ("compare-malformed-record", ["ci.compare_runs", "{tmp}/a", "{tmp}/a"], {"a/cases-main.jsonl": '{"impl": \n'},
-     cli.INPUT, "a/cases-main.jsonl line 1 is malformed", 60),
+    (
+        "compare-malformed-record",
+        ["ci.compare_runs", "{tmp}/a", "{tmp}/a"],
+        {"a/cases-main.jsonl": '{"impl": \n'},
+        cli.INPUT,
+        "a/cases-main.jsonl line 1 is malformed",
+        60,
+    ),
     ("compare-no-arguments", ["ci.compare_runs"], {}, cli.INPUT, "give OLD and NEW", 60),
     ("gate-missing-config", ["ci.gsm8k_gate", "{tmp}/none.yaml"], {}, cli.INPUT, "cannot read the config", 60),
-    ("gate-malformed-config", ["ci.gsm8k_gate", "{tmp}/g.yaml"], {"g.yaml": "model: [\n"}, cli.INPUT, "not valid YAML", 60),
-    ("gate-incomplete-config", ["ci.gsm8k_gate", "{tmp}/g.yaml"], {"g.yaml": GATE},
-     cli.INPUT, "'baseline' is a required property; required: model, recipe, baseline, candidate", 60),
-    ("gate-misspelt-key", ["ci.gsm8k_gate", "{tmp}/g.yaml"],
-     {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}'}}") + "client: {concurency: 4}\n"},
-     cli.INPUT, "'concurency' was unexpected); accepted: mode,", 60),
-    ("gate-server-both-command-and-url", ["ci.gsm8k_gate", "{tmp}/g.yaml"],
-     {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}', command: 'vllm serve'}}")},
-     cli.INPUT, "baseline: give exactly one of command", 60),
-    ("gate-unknown-recipe", ["ci.gsm8k_gate", "{tmp}/g.yaml"],
-     {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}'}}").replace("vllm", "vlm")},
-     cli.INPUT, "'vlm' is not one of", 60),
+    (
+        "gate-malformed-config",
+        ["ci.gsm8k_gate", "{tmp}/g.yaml"],
+        {"g.yaml": "model: [\n"},
+        cli.INPUT,
+        "not valid YAML",
+        60,
+    ),
+    (
+        "gate-incomplete-config",
+        ["ci.gsm8k_gate", "{tmp}/g.yaml"],
+        {"g.yaml": GATE},
+        cli.INPUT,
+        "'baseline' is a required property; required: model, recipe, baseline, candidate",
+        60,
+    ),
+    (
+        "gate-misspelt-key",
+        ["ci.gsm8k_gate", "{tmp}/g.yaml"],
+        {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}'}}") + "client: {concurency: 4}\n"},
+        cli.INPUT,
+        "'concurency' was unexpected); accepted: mode,",
+        60,
+    ),
+    (
+        "gate-server-both-command-and-url",
+        ["ci.gsm8k_gate", "{tmp}/g.yaml"],
+        {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}', command: 'vllm serve'}}")},
+        cli.INPUT,
+        "baseline: give exactly one of command",
+        60,
+    ),
+    (
+        "gate-unknown-recipe",
+        ["ci.gsm8k_gate", "{tmp}/g.yaml"],
+        {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}'}}").replace("vllm", "vlm")},
+        cli.INPUT,
+        "'vlm' is not one of",
+        60,
+    ),
     # the default health_timeout_s: seconds, not startup_timeout_s's 1800
-    ("gate-url-where-nothing-listens", ["ci.gsm8k_gate", "{tmp}/g.yaml", "--out", "{tmp}/out"],
-     {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}'}}")}, cli.INCOMPLETE, "did not answer 200 within 10 s", 40),
-    ("gate-server-refuses-requests", ["ci.gsm8k_gate", "{tmp}/g.yaml", "--out", "{tmp}/out"],
-     {"g.yaml": _servers("{name: b, url: '{url}'}")}, cli.INCOMPLETE, "refused a completion request: HTTP 404", 40),
-    ("repro-malformed-json", ["ci.repro", "--impl", "reference-ep", "--scenario", '{"batches": ['], {},
-     cli.INPUT, "--scenario is not JSON", 120),
-    ("repro-negative-tokens", ["ci.repro", "--impl", "reference-ep", "--scenario", _scenario(tokens=[-5])], {},
-     cli.INPUT, "batches/0/tokens/0: -5 is less than the minimum of 0", 120),
-    ("repro-unknown-implementation", ["ci.repro", "--impl", "nonexistent", "--scenario", _scenario()], {},
-     cli.INPUT, "unknown implementation 'nonexistent'", 120),
+    (
+        "gate-url-where-nothing-listens",
+        ["ci.gsm8k_gate", "{tmp}/g.yaml", "--out", "{tmp}/out"],
+        {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}'}}")},
+        cli.INCOMPLETE,
+        "did not answer 200 within 10 s",
+        40,
+    ),
+    (
+        "gate-server-refuses-requests",
+        ["ci.gsm8k_gate", "{tmp}/g.yaml", "--out", "{tmp}/out"],
+        {"g.yaml": _servers("{name: b, url: '{url}'}")},
+        cli.INCOMPLETE,
+        "refused a completion request: HTTP 404",
+        40,
+    ),
+    (
+        "repro-malformed-json",
+        ["ci.repro", "--impl", "reference-ep", "--scenario", '{"batches": ['],
+        {},
+        cli.INPUT,
+        "--scenario is not JSON",
+        120,
+    ),
+    (
+        "repro-negative-tokens",
+        ["ci.repro", "--impl", "reference-ep", "--scenario", _scenario(tokens=[-5])],
+        {},
+        cli.INPUT,
+        "batches/0/tokens/0: -5 is less than the minimum of 0",
+        120,
+    ),
+    (
+        "repro-unknown-implementation",
+        ["ci.repro", "--impl", "nonexistent", "--scenario", _scenario()],
+        {},
+        cli.INPUT,
+        "unknown implementation 'nonexistent'",
+        120,
+    ),
     ("routing-repro-malformed-json", ["ci.repro_routing", "{"], {}, cli.INPUT, "the case is not JSON", 120),
-    ("backends-unknown-arch", ["ci.backends", "sm91"], {}, cli.INPUT, "unknown arch sm91; known arches: sm90, sm100", 60),
-    ("api-diff-not-a-snapshot", ["ci.api_diff", "{tmp}/a.json", "{tmp}/a.json"], {"a.json": "{}"},
-     cli.INPUT, "is not an API snapshot", 60),
-    ("upgrade-check-no-such-environment", ["ci.upgrade_check", "0.7.4", "{tmp}/nowhere"], {},
-     cli.INPUT, "not a version, and no such folder; give a FlashInfer version", 60),
-    ("nightly-unknown-arch", ["ci.nightly", "--arch", "sm91", "--no-latency", "--out", "{tmp}/night"], {},
-     cli.INPUT, "--arch sm91: expected one of sm90, sm100", 120),
+    (
+        "backends-unknown-arch",
+        ["ci.backends", "sm91"],
+        {},
+        cli.INPUT,
+        "unknown arch sm91; known arches: sm90, sm100",
+        60,
+    ),
+    (
+        "api-diff-not-a-snapshot",
+        ["ci.api_diff", "{tmp}/a.json", "{tmp}/a.json"],
+        {"a.json": "{}"},
+        cli.INPUT,
+        "is not an API snapshot",
+        60,
+    ),
+    (
+        "upgrade-check-no-such-environment",
+        ["ci.upgrade_check", "0.7.4", "{tmp}/nowhere"],
+        {},
+        cli.INPUT,
+        "not a version, and no such folder; give a FlashInfer version",
+        60,
+    ),
+    (
+        "nightly-unknown-arch",
+        ["ci.nightly", "--arch", "sm91", "--no-latency", "--out", "{tmp}/night"],
+        {},
+        cli.INPUT,
+        "--arch sm91: expected one of sm90, sm100",
+        120,
+    ),
     # one file for its pytest phase to collect, whose every test -k deselects (collecting the whole suite: +7 s)
-    ("nightly-that-runs-no-test", ["ci.nightly", "--arch", "cpu", "--no-latency", "--out", "{tmp}/night", "--",
-                                   "suites/harness/test_bad_inputs.py", "-k", "no_test_is_named_so"], {},
-     cli.NOTHING_TESTED, "RED: no test ran", 300),
+    (
+        "nightly-that-runs-no-test",
+        [
+            "ci.nightly",
+            "--arch",
+            "cpu",
+            "--no-latency",
+            "--out",
+            "{tmp}/night",
+            "--",
+            "suites/harness/test_bad_inputs.py",
+            "-k",
+            "no_test_is_named_so",
+        ],
+        {},
+        cli.NOTHING_TESTED,
+        "RED: no test ran",
+        300,
+    ),
 ]
 
 
@@ -146,24 +252,46 @@ def test_waiting_for_a_server_it_started_says_so(tmp_path, capsys):
     assert "waiting up to 2 s" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("junit, verdict", [
-    ("", "no test ran"),
-    ('<testcase classname="suites.x" name="a"><skipped type="pytest.skip"/></testcase>', "every one of its 1 tests"),
-    ('<testcase classname="suites.x" name="a"><skipped type="pytest.skip"/></testcase>'
-     '<testcase classname="suites.x" name="b"/>', None),
-])
+@pytest.mark.parametrize(
+    "junit, verdict",
+    [
+        ("", "no test ran"),
+        (
+            '<testcase classname="suites.x" name="a"><skipped type="pytest.skip"/></testcase>',
+            "every one of its 1 tests",
+        ),
+        (
+            '<testcase classname="suites.x" name="a"><skipped type="pytest.skip"/></testcase>'
+            '<testcase classname="suites.x" name="b"/>',
+            None,
+        ),
+    ],
+)
 def test_a_night_that_tested_nothing_is_red(junit, verdict, tmp_path):
     (tmp_path / "junit.xml").write_text(f"<testsuites><testsuite>{junit}</testsuite></testsuites>")
     why = nightly.nothing_tested(tmp_path, "cpu")
     assert (why is None) if verdict is None else (verdict in why), why
 
 
-@pytest.mark.parametrize("module", ["ci.backends", "ci.compare_runs", "ci.gsm8k_gate", "ci.repro", "ci.repro_routing",
-                                    "ci.api_diff", "ci.upgrade_check", "ci.nightly"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "ci.backends",
+        "ci.compare_runs",
+        "ci.gsm8k_gate",
+        "ci.repro",
+        "ci.repro_routing",
+        "ci.api_diff",
+        "ci.upgrade_check",
+        "ci.nightly",
+    ],
+)
 def test_every_command_documents_its_exit_codes(module):
-    done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0 and done.stdout.startswith("usage:") and "exit codes:\n  0  " in done.stdout, \
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and done.stdout.startswith("usage:") and "exit codes:\n  0  " in done.stdout, (
         done.stdout + done.stderr
+    )
     if module == "ci.backends":  # the names --impl takes beyond the listed ones
         assert "all " in done.stdout and "pkg.module:factory" in done.stdout, done.stdout

@@ -1,5 +1,6 @@
 """tools/bench_cases.py reports from the per-case records of the real suite: run it end to end on the CPU
 (reference-ep, EP1, two drawn cases) and read its table."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,10 +26,20 @@ def test_cases_per_minute_and_phase_split_come_from_the_suites_records(monkeypat
 
 
 def test_only_the_drawn_reference_cases_count():
-    records = [CaseRecord(impl="x", ep=1, recipe="r", check="oracle+textbook", scenario="{}", seconds=2.0,
-                          layers_built=1, rank_seconds={"build": 0.5, "first-forward": 0.25, "forward": 0.25},
-                          process_seconds={"run": 1.0, "oracle": 0.5, "textbook": 0.25}),
-               CaseRecord(impl="x", ep=1, recipe="r", check="model:deepseek-v3", scenario="{}", seconds=100.0)]
+    records = [
+        CaseRecord(
+            impl="x",
+            ep=1,
+            recipe="r",
+            check="oracle+textbook",
+            scenario="{}",
+            seconds=2.0,
+            layers_built=1,
+            rank_seconds={"build": 0.5, "first-forward": 0.25, "forward": 0.25},
+            process_seconds={"run": 1.0, "oracle": 0.5, "textbook": 0.25},
+        ),
+        CaseRecord(impl="x", ep=1, recipe="r", check="model:deepseek-v3", scenario="{}", seconds=100.0),
+    ]
     s = bench_cases.summarise(records)[("x", 1)]
     assert (s["cases"], s["case s"], s["rank forward"], s["textbook"]) == (1, 2.0, 0.5, 0.25)
     assert "| x | 1 | 1 | 2.0 | 30.0 | 1 | 25 | 25 | 50 | 25 | 0 | 0 | 12 | 12 |" in bench_cases.table({("x", 1): s})

@@ -1,5 +1,6 @@
 """tools.bench_latency takes the peaks of the GPU model it runs on (GPU_PEAKS, by torch.cuda.get_device_name): a
 row's fractions of peak use that model's figures, and on a model the table lacks they are None, with the reason."""
+
 from __future__ import annotations
 
 import pytest

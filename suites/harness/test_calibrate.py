@@ -1,6 +1,7 @@
 """tools/calibrate.py counts the systematic statistics it judged and the false alarms among them, with the
 conformance check's own rule: none on a correct implementation, some on a 1% scale (on CPU, reference-ep
 computing the blockwise FP8 recipe)."""
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,9 @@ RECIPE_IMPL = "reference-ep[sm90_pull_fp8_blockwise]"
 
 def _summary(tmp_path, impl: str) -> dict:
     out = tmp_path / "cal.json"
-    assert calibrate.main(["--impl", impl, "--batches", "6", "--tokens", "64", "--models", "0", "--json", str(out)]) == 0
+    assert (
+        calibrate.main(["--impl", impl, "--batches", "6", "--tokens", "64", "--models", "0", "--json", str(out)]) == 0
+    )
     return json.loads(out.read_text())["summary"]
 
 
@@ -49,6 +52,9 @@ def test_calibration_draws_every_routing_method_of_the_table():
 
 
 def test_a_method_added_to_the_table_is_drawn_for_calibration(monkeypatch):
-    monkeypatch.setitem(routing.METHOD_TABLE, "NewMethod", routing.Method("NewMethod", lambda z, b: z,
-                                                                          lambda z, s, ids: s.gather(1, ids)))
+    monkeypatch.setitem(
+        routing.METHOD_TABLE,
+        "NewMethod",
+        routing.Method("NewMethod", lambda z, b: z, lambda z, s, ids: s.gather(1, ids)),
+    )
     assert "NewMethod" in _drawn(4)

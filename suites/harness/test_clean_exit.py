@@ -3,6 +3,7 @@
 A child pytest runs with a stand-in for CUDA (torch.cuda.is_available/is_initialized patched true) and an
 atexit handler that kills the interpreter with SIGSEGV, as an H200 teardown did: with the plugin
 the child exits with pytest's status (0 for a pass, 1 for a failure); with MOE_CLEAN_EXIT=0 the crash shows."""
+
 from __future__ import annotations
 
 import os
@@ -16,23 +17,43 @@ import pytest
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
 
-FAKE_CUDA_AND_CRASH = '''
+FAKE_CUDA_AND_CRASH = """
 import atexit, os, signal
 import torch
 torch.cuda.is_available = lambda: True
 torch.cuda.is_initialized = lambda: True
 atexit.register(lambda: os.kill(os.getpid(), signal.SIGSEGV))
-'''
+"""
 
 
 def _child(tmp_path: Path, body: str, **env) -> int:
     (tmp_path / "fake_cuda_crash.py").write_text(FAKE_CUDA_AND_CRASH)
     (tmp_path / "test_child.py").write_text(f"def test_it():\n    {body}\n")
     run_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)]), **env}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "fake_cuda_crash",
-                           "-p", "fixtures.clean_exit", "-c", os.devnull, "--rootdir", str(tmp_path),
-                           str(tmp_path / "test_child.py")], cwd=tmp_path, env=run_env, capture_output=True,
-                          text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "fake_cuda_crash",
+            "-p",
+            "fixtures.clean_exit",
+            "-c",
+            os.devnull,
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path / "test_child.py"),
+        ],
+        cwd=tmp_path,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return done.returncode
 
 

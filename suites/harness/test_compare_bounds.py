@@ -1,4 +1,5 @@
 """The global relative-L2 and cosine bounds widen for few tokens, and only for few tokens."""
+
 from __future__ import annotations
 
 import pytest
@@ -27,12 +28,15 @@ def test_one_token_is_held_to_the_per_token_bound():
     assert rels == sorted(rels, reverse=True)
 
 
-@pytest.mark.parametrize("rows, rel, ok", [
-    (1, 0.037, True),    # the H200's one-token blockwise case
-    (64, 0.037, False),  # the same error over a full batch is a real excess
-    (64, 0.015, True),
-    (1, 0.09, False),    # one token past its own per-token bound
-])
+@pytest.mark.parametrize(
+    "rows, rel, ok",
+    [
+        (1, 0.037, True),  # the H200's one-token blockwise case
+        (64, 0.037, False),  # the same error over a full batch is a real excess
+        (64, 0.015, True),
+        (1, 0.09, False),  # one token past its own per-token bound
+    ],
+)
 def test_the_bound_follows_the_token_count(rows, rel, ok):
     out, ref, mag = _noisy(rows, rel)
     verdict = compare(out, ref, mag, TOL)

@@ -1,5 +1,6 @@
 """ci/compare_runs.py on results folders the suite itself wrote (reference-ep at EP1, a few drawn cases): a faulty
 copy is a regression of a clean run, two clean runs with other seeds are not."""
+
 from __future__ import annotations
 
 import os
@@ -20,10 +21,31 @@ def _run(folder: Path, impl: str, seed: int, profile: str = "dev") -> Path:
     # the dev profile draws from the seed (the ci profile would draw the same cases every time); EP1 only: the
     # verdicts are per (implementation, EP size) alike, and an EP2 pool was 5-8 s of each run's start-up
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MOE_HYPOTHESIS_PROFILE": profile, "MOE_HYPOTHESIS_EXAMPLES": "6"}
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--impl", impl, "--ep", "1",
-                    f"--hypothesis-seed={seed}", "--results-dir", str(folder),
-                    "suites/conformance/test_generic.py", "-k", "test_matches_reference"],
-                   cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--impl",
+            impl,
+            "--ep",
+            "1",
+            f"--hypothesis-seed={seed}",
+            "--results-dir",
+            str(folder),
+            "suites/conformance/test_generic.py",
+            "-k",
+            "test_matches_reference",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     return folder
 
 
@@ -32,8 +54,11 @@ def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("runs")
     spec = "reference-ep[sm90_pull_fp8_blockwise]"
     # the faulty run without shrinking: its first failure record is all compare_runs reads (shrinking: ~70 s)
-    return {"clean": _run(base / "clean", spec, 1), "clean2": _run(base / "clean2", spec, 2),
-            "faulty": _run(base / "faulty", f"faulty:scale_1e-2@{spec}", 1, profile="no-shrink")}
+    return {
+        "clean": _run(base / "clean", spec, 1),
+        "clean2": _run(base / "clean2", spec, 2),
+        "faulty": _run(base / "faulty", f"faulty:scale_1e-2@{spec}", 1, profile="no-shrink"),
+    }
 
 
 def _relabel(folder: Path, impl_from: str, impl_to: str) -> None:
@@ -100,9 +125,16 @@ def _latency(folder: Path, median: float, iqr: float = 0.01, impl: str = "sm90_k
     import json
 
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "latency.json").write_text(json.dumps({"rows": [
-        {"impl": impl, "geometry": "g", "tokens": t, "median_ms": median * (1 + t / 10000), "iqr_ms": iqr}
-        for t in (8, 64, 512, 1024, 8192)]}))
+    (folder / "latency.json").write_text(
+        json.dumps(
+            {
+                "rows": [
+                    {"impl": impl, "geometry": "g", "tokens": t, "median_ms": median * (1 + t / 10000), "iqr_ms": iqr}
+                    for t in (8, 64, 512, 1024, 8192)
+                ]
+            }
+        )
+    )
     return folder
 
 
@@ -110,10 +142,12 @@ def test_a_backend_slower_beyond_the_clean_spread_is_a_latency_regression(tmp_pa
     old = _latency(tmp_path / "old", 1.00)
     assert compare_runs.latency_report(old, _latency(tmp_path / "same", 1.13))[0] is False  # a clean H200 shift
     slower, lines = compare_runs.latency_report(old, _latency(tmp_path / "slow", 1.30))
-    assert slower and any(line.startswith("REGRESSION latency sm90_kernel: geometric mean of 5 median ratios x1.300")
-                          for line in lines), lines
-    baseline = compare_runs.latency_report(_latency(tmp_path / "t0", 1.0, impl="torch"),
-                                           _latency(tmp_path / "t1", 3.0, impl="torch"))
+    assert slower and any(
+        line.startswith("REGRESSION latency sm90_kernel: geometric mean of 5 median ratios x1.300") for line in lines
+    ), lines
+    baseline = compare_runs.latency_report(
+        _latency(tmp_path / "t0", 1.0, impl="torch"), _latency(tmp_path / "t1", 3.0, impl="torch")
+    )
     assert baseline[0] is False and "never a regression" in baseline[1][-1]
 
 
@@ -157,8 +191,11 @@ def _junit(folder: Path, outcomes: dict[str, str]) -> None:
     """A JUnit file as pytest writes it: outcome "passed", "failed" or "xfailed" per test of suites/m.py."""
     cases = []
     for name, outcome in outcomes.items():
-        inner = {"passed": "", "failed": '<failure message="x"/>',
-                 "xfailed": '<skipped type="pytest.xfail" message="F"/>'}[outcome]
+        inner = {
+            "passed": "",
+            "failed": '<failure message="x"/>',
+            "xfailed": '<skipped type="pytest.xfail" message="F"/>',
+        }[outcome]
         cases.append(f'<testcase classname="suites.m" name="{name}" time="1">{inner}</testcase>')
     (folder / "junit.xml").write_text(f'<testsuites><testsuite name="pytest">{"".join(cases)}</testsuite></testsuites>')
 
@@ -204,9 +241,20 @@ def test_the_side_by_side_table_counts_bitwise_equal_outputs_of_the_same_cases(t
     def folder(name, digests):
         path = tmp_path / name
         path.mkdir()
-        lines = [json.dumps({"impl": "k", "ep": 1, "recipe": "r", "check": "oracle+textbook", "scenario": scenario,
-                             "seconds": 0.5, "metrics": [{"batch": 0, "rank": 0, "rel_l2": 0.01, "digest": d}]})
-                 for scenario, d in digests.items()]
+        lines = [
+            json.dumps(
+                {
+                    "impl": "k",
+                    "ep": 1,
+                    "recipe": "r",
+                    "check": "oracle+textbook",
+                    "scenario": scenario,
+                    "seconds": 0.5,
+                    "metrics": [{"batch": 0, "rank": 0, "rel_l2": 0.01, "digest": d}],
+                }
+            )
+            for scenario, d in digests.items()
+        ]
         (path / "cases-main.jsonl").write_text("\n".join(lines) + "\n")
         return path
 
@@ -222,9 +270,12 @@ def test_the_side_by_side_table_counts_bitwise_equal_outputs_of_the_same_cases(t
 def _findings(folder: Path, rows: list[tuple[str, bool]]) -> None:
     import json
 
-    (folder / "findings-main.jsonl").write_text("".join(
-        json.dumps({"impl": "k", "finding": key, "declared": True, "reproduced": reproduced}) + "\n"
-        for key, reproduced in rows))
+    (folder / "findings-main.jsonl").write_text(
+        "".join(
+            json.dumps({"impl": "k", "finding": key, "declared": True, "reproduced": reproduced}) + "\n"
+            for key, reproduced in rows
+        )
+    )
 
 
 def test_a_finding_appears_only_against_a_run_that_tested_it(tmp_path):
@@ -260,8 +311,9 @@ def test_a_narrower_new_run_fixes_nothing_it_did_not_run(tmp_path):
     other = {**mine, "impl": "other"}
     xfail = {"check": "routing-op", "impl": "op", "ep": 0, "test": "suites/r.py::test_finding"}
     (old / "failures-main.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (caught, mine, other, xfail)))
-    (old / "findings-main.jsonl").write_text(json.dumps({"test": xfail["test"], "impl": "op", "finding": "F8",
-                                                         "reproduced": True}) + "\n")
+    (old / "findings-main.jsonl").write_text(
+        json.dumps({"test": xfail["test"], "impl": "op", "finding": "F8", "reproduced": True}) + "\n"
+    )
     code, lines = compare_runs.compare(old, new)
     assert "failed in OLD, not tested in NEW: [oracle] other at EP1" in lines, lines
     assert "fixed: [oracle] k at EP1" in lines and not any("faulty" in line or "[routing-op]" in line for line in lines)
@@ -278,8 +330,11 @@ def test_a_junit_test_name_is_the_same_with_and_without_an_xdist_group():
     def case(name):
         return ElementTree.fromstring(f'<testcase classname="suites.x.test_y" name="{name}"/>')
 
-    assert junit_nodeid(case("test_z[a-EP1]@rank-pool tests")) == junit_nodeid(case("test_z[a-EP1]")) == \
-        "suites/x/test_y.py::test_z[a-EP1]"
+    assert (
+        junit_nodeid(case("test_z[a-EP1]@rank-pool tests"))
+        == junit_nodeid(case("test_z[a-EP1]"))
+        == "suites/x/test_y.py::test_z[a-EP1]"
+    )
     assert junit_nodeid(case("test_z[faulty:f@a]")) == "suites/x/test_y.py::test_z[faulty:f@a]"
     assert junit_nodeid(case("test_z[faulty:f@a]@g")) == "suites/x/test_y.py::test_z[faulty:f@a]"
     assert junit_nodeid(case("test_w@tests without a rank pool")) == "suites/x/test_y.py::test_w"

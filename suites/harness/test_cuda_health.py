@@ -1,5 +1,6 @@
 """After a CUDA fault in the pytest process, the run goes on: the fault is reported where it happened,
 and the oracles of the backends still to come move to the CPU (their kernels run in rank pools)."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,8 +24,9 @@ def test_a_fault_is_remembered_with_where_it_happened_and_moves_the_oracle_to_th
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    gpu = Subject("gpu-kernel", Implementation("gpu-kernel", Capabilities(recipe=BF16_WEIGHTS, device="cuda"),
-                                               build=None), 1)
+    gpu = Subject(
+        "gpu-kernel", Implementation("gpu-kernel", Capabilities(recipe=BF16_WEIGHTS, device="cuda"), build=None), 1
+    )
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     cuda_health.check("suites/x.py::test_fine")
     assert cuda_health.lost() is None and oracle_device(gpu) == torch.device("cuda", 0)

@@ -1,5 +1,6 @@
 """The user-facing docs stay true: the generated ones match the code, the README gives its two
 commands up front, every relative link resolves inside the repository, and nothing points outside it."""
+
 from __future__ import annotations
 
 import re

@@ -2,6 +2,7 @@
 (combine grouped by owner rank) equals the oracle bit for bit at EP2 and EP4, and the grouping shows:
 the same global problem gives a different answer at EP1, by about one fp8 wire rounding (0.035 here: more
 than the kernel's own 0.03 bound, within the recipe's regroup tolerance)."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,8 +22,10 @@ LAYER = LayerCase(num_experts=8, hidden=128, intermediate=128, top_k=4, capacity
 
 def _scenario(ep: int) -> Scenario:
     total = 8
-    batches = (BatchCase(tokens=(total // ep,) * ep, seed=3),
-               BatchCase(tokens=(total // ep,) * ep, seed=4, pattern="cross_rank"))
+    batches = (
+        BatchCase(tokens=(total // ep,) * ep, seed=3),
+        BatchCase(tokens=(total // ep,) * ep, seed=4, pattern="cross_rank"),
+    )
     return Scenario(LAYER, batches, ep)
 
 

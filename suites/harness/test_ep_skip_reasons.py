@@ -1,6 +1,7 @@
 """Which EP sizes a GPU backend runs on a machine with N GPUs, and what its skip says (issue 4: on one
 H200 the pull kernel shares the GPU at EP2/4/8; the push kernels skip with the reason). Run on CPU with
 the machine's GPUs patched in."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,6 +24,7 @@ def gpus(monkeypatch):
     def set_count(n: int, built: bool = True):
         monkeypatch.setattr(arch, "capabilities", lambda: ((9, 0),) * n)
         monkeypatch.setattr(prerequisites, "is_built", lambda name: built)  # FlashInfer's JIT cache, faked too
+
     return set_count
 
 
@@ -59,7 +61,8 @@ def test_flashinfer_megamoe_runs_mxfp4_at_ep1_on_one_h200_and_names_the_gpus_its
     assert ep_skip_reason(mx.name, mx.capabilities, 1) is None
     for name in ("megamoe_sm90_nvfp4_fused", "megamoe_sm90_nvfp4_split"):
         assert ep_skip_reason(name, megamoe[name].capabilities, 4) == (
-            f"{name} needs 4 NVLink-connected SM90 GPUs, one per rank; this machine has 1")
+            f"{name} needs 4 NVLink-connected SM90 GPUs, one per rank; this machine has 1"
+        )
         assert ep_skip_reason(name, megamoe[name].capabilities, 8).startswith(f"{name} needs 8 NVLink-connected")
     gpus(8)  # on an HGX host every path runs at each EP size it supports, unchanged
     for impl in megamoe.values():
@@ -78,7 +81,8 @@ def test_an_unsupported_ep_size_says_which_are_supported(gpus):
     gpus(8)
     impl = _sm90()[0]
     assert ep_skip_reason(impl.name, impl.capabilities, 3) == (
-        f"{impl.name} does not support EP3 (supports {impl.capabilities.ep_sizes})")
+        f"{impl.name} does not support EP3 (supports {impl.capabilities.ep_sizes})"
+    )
 
 
 def test_a_missing_jit_prerequisite_skips_naming_it_and_its_remedy(gpus, monkeypatch):

@@ -3,6 +3,7 @@
 table's with the table's class of meaning, and a bad argument is exit 4 (cli.INPUT) with one line on stderr and no
 traceback. The commands are found, not listed: every module under ci/, tools/ and gates/ with a ``main`` and an
 ``if __name__ == "__main__"``; each is imported and its ``main(argv)`` called here (one import of torch for all)."""
+
 from __future__ import annotations
 
 import ast
@@ -23,10 +24,12 @@ ROOT = Path(__file__).resolve().parents[2]
 BAD = {"tools.bench_cases": ["--from", "/nonexistent/results"], "ci.nightly": ["--phase-timeout", "soon"]}
 GENERIC_BAD = ["--no-such-option"]
 # words that name another class of code than the one listed beside them (a code meaning two things)
-WRONG_CLASS = {cli.VERDICT: ("unusable", "malformed", "not there", "incomparable"),
-               cli.INPUT: ("no gpu", "server did not", "regression", "reproduced", "could not complete"),
-               cli.NOTHING_TESTED: ("malformed", "regression", "no gpu"),
-               cli.INCOMPLETE: ("malformed", "not json", "unknown", "regression", "reproduced")}
+WRONG_CLASS = {
+    cli.VERDICT: ("unusable", "malformed", "not there", "incomparable"),
+    cli.INPUT: ("no gpu", "server did not", "regression", "reproduced", "could not complete"),
+    cli.NOTHING_TESTED: ("malformed", "regression", "no gpu"),
+    cli.INCOMPLETE: ("malformed", "not json", "unknown", "regression", "reproduced"),
+}
 
 
 def commands() -> list[str]:
@@ -60,13 +63,17 @@ def returned(module: str) -> set[int]:
     """The codes a command's source can return: main's returns (cli constants, literals), its InputError and
     Incomplete, and what the ``__main__`` block hands to the shell must be main's own code."""
     tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
-    names = {name: getattr(cli, name) for name in ("OK", "VERDICT", "INTERRUPTED", "INTERNAL", "INPUT",
-                                                   "NOTHING_TESTED", "INCOMPLETE")}
+    names = {
+        name: getattr(cli, name)
+        for name in ("OK", "VERDICT", "INTERRUPTED", "INTERNAL", "INPUT", "NOTHING_TESTED", "INCOMPLETE")
+    }
     codes = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Raise) and node.exc is not None:
             called = ast.unparse(node.exc)
-            codes |= {cli.INPUT} if "cli.InputError" in called else {cli.INCOMPLETE} if "cli.Incomplete" in called else set()
+            codes |= (
+                {cli.INPUT} if "cli.InputError" in called else {cli.INCOMPLETE} if "cli.Incomplete" in called else set()
+            )
     main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
     for node in ast.walk(main):
         if isinstance(node, ast.Return) and node.value is not None:
@@ -77,8 +84,9 @@ def returned(module: str) -> set[int]:
                     codes.add(part.value)
     guard = next(n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test))
     shell = ast.unparse(guard.body[-1])
-    assert re.fullmatch(r"(sys\.exit|raise SystemExit)\(main\((sys\.argv\[1:\])?\)\)", shell), \
+    assert re.fullmatch(r"(sys\.exit|raise SystemExit)\(main\((sys\.argv\[1:\])?\)\)", shell), (
         f"{module}: its __main__ block ends `{shell}`, not handing main's exit code to the shell"
+    )
     return codes
 
 
@@ -96,8 +104,12 @@ def test_help_lists_each_code_it_returns_with_the_tables_meaning(module):
     codes = listed(out)
     assert set(codes) <= set(cli.EXIT_CODES), f"{module} lists codes outside ci.cli.EXIT_CODES: {sorted(codes)}"
     assert cli.OK in codes and cli.INPUT in codes, f"{module} does not list 0 and 4 (a usage error): {sorted(codes)}"
-    wrong = [f"{c}: {meaning!r} reads as another code's ({word!r})" for c, meaning in codes.items()
-             for word in WRONG_CLASS.get(c, ()) if word in meaning.lower()]
+    wrong = [
+        f"{c}: {meaning!r} reads as another code's ({word!r})"
+        for c, meaning in codes.items()
+        for word in WRONG_CLASS.get(c, ())
+        if word in meaning.lower()
+    ]
     assert not wrong, f"{module}: " + "; ".join(wrong)
     unlisted = returned(module) - set(codes)
     assert not unlisted, f"{module} can return {sorted(unlisted)}, which its --help does not list: {sorted(codes)}"

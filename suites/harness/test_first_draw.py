@@ -1,5 +1,6 @@
 """Hypothesis tries the simplest example first: for the generic tests it must be a busy batch (an idle
 one checks only that nothing crashes, and the ci profile draws only 10)."""
+
 from __future__ import annotations
 
 import pytest

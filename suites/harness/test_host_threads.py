@@ -1,4 +1,5 @@
 """fixtures.host_threads: the pytest process's CPU threads beside GPU rank pools (the rule, and its override)."""
+
 from __future__ import annotations
 
 import pytest

@@ -4,6 +4,7 @@ sdist is refused with one line that names the checkout (ci/build_backend/moe_con
 
 The pip tests run offline, in a plain venv of their own: this environment's pip and setuptools are linked in, and
 torch and numpy are fake installed distributions of other versions."""
+
 from __future__ import annotations
 
 import importlib.metadata as md
@@ -29,9 +30,14 @@ PYPROJECT = ROOT / "pyproject.toml"
 CONSTRAINTS = ROOT / "ci" / "constraints.txt"
 # What users run, which the ranges must admit: the H200's serving-like environment
 # (reference.evidence.NIGHTLY_GREEN), the newest torch here, and the FlashInfer 0.7.x line.
-USERS_RUN = {"torch": ["2.11.0+cu130", "2.13.0", "2.14.1"], "numpy": ["1.26.4", "2.4.6"], "pytest": ["9.1.1"],
-             "hypothesis": ["6.168.3"], "flashinfer-python": ["0.7.2.post1", "0.7.4", "0.7.9"],
-             "nvshmem4py-cu13": ["0.4.1"]}
+USERS_RUN = {
+    "torch": ["2.11.0+cu130", "2.13.0", "2.14.1"],
+    "numpy": ["1.26.4", "2.4.6"],
+    "pytest": ["9.1.1"],
+    "hypothesis": ["6.168.3"],
+    "flashinfer-python": ["0.7.2.post1", "0.7.4", "0.7.9"],
+    "nvshmem4py-cu13": ["0.4.1"],
+}
 USER_TORCH = "2.11.0+cu130"
 
 
@@ -43,9 +49,11 @@ def requirements(pyproject: Path) -> list[Requirement]:
 
 def not_ranges(pyproject: Path) -> list[str]:
     """The requirements pinned exactly (==, ===) or without a lower bound."""
-    return [str(r) for r in requirements(pyproject)
-            if any(s.operator in ("==", "===") for s in r.specifier)
-            or not any(s.operator == ">=" for s in r.specifier)]
+    return [
+        str(r)
+        for r in requirements(pyproject)
+        if any(s.operator in ("==", "===") for s in r.specifier) or not any(s.operator == ">=" for s in r.specifier)
+    ]
 
 
 def pins(constraints: Path) -> tuple[dict[str, str], list[str]]:
@@ -73,16 +81,23 @@ def test_the_range_check_sees_an_exact_pin(tmp_path):
 
 
 def test_the_ranges_admit_what_users_run():
-    refused = [f"{r} refuses {v}" for r in requirements(PYPROJECT) for v in USERS_RUN.get(r.name, ())
-               if not r.specifier.contains(v, prereleases=True)]
+    refused = [
+        f"{r} refuses {v}"
+        for r in requirements(PYPROJECT)
+        for v in USERS_RUN.get(r.name, ())
+        if not r.specifier.contains(v, prereleases=True)
+    ]
     assert not refused, refused
 
 
 def test_the_constraints_pin_each_declared_package_inside_its_range():
     pinned, bad = pins(CONSTRAINTS)
     assert not bad, f"{CONSTRAINTS}: one name==version a line: {bad}"
-    wrong = [f"{r}: {pinned.get(canonicalize_name(r.name), 'not pinned')}" for r in requirements(PYPROJECT)
-             if not r.specifier.contains(pinned.get(canonicalize_name(r.name), "0.0.0a0"), prereleases=True)]
+    wrong = [
+        f"{r}: {pinned.get(canonicalize_name(r.name), 'not pinned')}"
+        for r in requirements(PYPROJECT)
+        if not r.specifier.contains(pinned.get(canonicalize_name(r.name), "0.0.0a0"), prereleases=True)
+    ]
     assert not wrong, f"{CONSTRAINTS} against pyproject.toml's ranges: {wrong}"
 
 
@@ -108,17 +123,24 @@ def setup_sh(tmp_path):
     (tmp_path / "bin" / "python3").write_text(FAKE_PYTHON3)
     (tmp_path / "bin" / "python3").chmod(0o755)
     log = tmp_path / "setup.log"
-    env = {**os.environ, "HOME": str(tmp_path), "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
-           "SETUP_LOG": str(log), "MOE_OTHER_FLASHINFER": "0.7.2.post1"}
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
+        "SETUP_LOG": str(log),
+        "MOE_OTHER_FLASHINFER": "0.7.2.post1",
+    }
     for name in ("MOE_VENV", "MOE_PYTHON", "MOE_USE_VENV"):
         env.pop(name, None)
 
     def run() -> list[list[str]]:
         log.write_text("")
-        done = subprocess.run(["bash", str(tmp_path / "ci" / "setup.sh")], env=env, capture_output=True, text=True,
-                              timeout=60)
+        done = subprocess.run(
+            ["bash", str(tmp_path / "ci" / "setup.sh")], env=env, capture_output=True, text=True, timeout=60
+        )
         assert done.returncode == 0, done.stderr
         return [line.split() for line in log.read_text().splitlines() if " -m pip install " in line]
+
     return tmp_path, run
 
 
@@ -127,7 +149,7 @@ def test_setup_installs_torch_first_and_everything_at_the_constraints(setup_sh):
     calls = run()
     main, other = str(root / ".venv"), str(root / ".venv-fi-0.7.2.post1")
     for venv, extra in ((main, f"{root}[test,flashinfer]"), (other, f"{root}[test]")):
-        installs = [c[c.index("install") + 1:] for c in calls if c[0] == venv and "--upgrade" not in c]
+        installs = [c[c.index("install") + 1 :] for c in calls if c[0] == venv and "--upgrade" not in c]
         assert [i[-1] for i in installs][:1] == ["torch"] and len(installs) == 2, f"{venv}: {installs}"
         assert extra in installs[1], f"{venv}: {installs}"
         assert all("-c" in c for c in calls if c[0] == venv), f"{venv}: a pip install without -c: {calls}"
@@ -172,8 +194,14 @@ def user_env(tmp_path_factory) -> Path:
     venv = tmp_path_factory.mktemp("user") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     python = venv / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     for name in ("pip", "setuptools"):
         _link_installed(name, site)
     _fake_installed(site, "torch", USER_TORCH)
@@ -205,8 +233,9 @@ def offline(python: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 def editable(user_env, tmp_path_factory):
     """``pip install --no-index --no-build-isolation -e`` of a checkout copy into the user's venv."""
     checkout = checkout_copy(tmp_path_factory.mktemp("checkout"))
-    done = offline(user_env, "-m", "pip", "install", "--no-index", "--no-build-isolation", "-e", str(checkout),
-                   cwd=checkout.parent)
+    done = offline(
+        user_env, "-m", "pip", "install", "--no-index", "--no-build-isolation", "-e", str(checkout), cwd=checkout.parent
+    )
     return checkout, done
 
 
@@ -222,8 +251,9 @@ def test_an_editable_install_keeps_the_environments_torch(user_env, editable):
 def test_an_editable_install_imports_the_packages_from_the_checkout(user_env, editable):
     checkout, done = editable
     assert done.returncode == 0, done.stdout + done.stderr
-    names = [p.rstrip("*") for p in tomllib.loads(PYPROJECT.read_text())["tool"]["setuptools"]["packages"]["find"]
-             ["include"]]
+    names = [
+        p.rstrip("*") for p in tomllib.loads(PYPROJECT.read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    ]
     assert {"reference", "fixtures", "ci", "gates", "tools"} <= set(names)
     probe = "import importlib.util as u, sys; print('\\n'.join(u.find_spec(n).origin for n in sys.argv[1:]))"
     where = offline(user_env, "-c", probe, *names, cwd=Path("/"))  # outside the checkout: through the install

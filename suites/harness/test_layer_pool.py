@@ -1,6 +1,7 @@
 """How a subject spends its layers: the fixed tests run on the subject's two pool layers (a GPU layer of a new
 shape costs a kernel compile in every rank, one of the same shape with other weights costs nothing), and the
 weights of a large layer, drawn on threads, are the same bits as one expert at a time."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,7 +39,9 @@ def test_gpu_pool_is_two_shapes_inside_the_constraints(spec, ep):
         assert layer.hidden <= caps.max_hidden and layer.intermediate <= caps.max_intermediate
         assert layer.top_k in caps.top_k_values and layer.num_experts % ep == 0 and layer.num_experts >= layer.top_k
         assert caps.beyond_accumulation_limit(layer.hidden, layer.intermediate) is None
-    assert (wide_layer(caps, ep).hidden // caps.hidden_multiple) % 2 == 1 or wide_layer(caps, ep).hidden == caps.hidden_multiple
+    assert (wide_layer(caps, ep).hidden // caps.hidden_multiple) % 2 == 1 or wide_layer(
+        caps, ep
+    ).hidden == caps.hidden_multiple
 
 
 @pytest.mark.parametrize("spec", GPU_SPECS)
@@ -51,14 +54,23 @@ def test_fixed_tests_reuse_the_pool_shapes():
     """The test modules build their fixed layers from the pool's (other seeds only): read from the source, so a
     new fixed layer of its own shape shows up here."""
     from pathlib import Path
+
     root = Path(__file__).resolve().parents[2]
-    for module in ("suites/conformance/test_generic.py", "suites/conformance/test_ep.py", "suites/flashinfer/test_gpu_faults.py"):
+    for module in (
+        "suites/conformance/test_generic.py",
+        "suites/conformance/test_ep.py",
+        "suites/flashinfer/test_gpu_faults.py",
+    ):
         text = (root / module).read_text()
-        assert "fixed_layer(" not in text and "LayerCase(num_experts" not in text, f"{module} builds a layer of its own shape"
+        assert "fixed_layer(" not in text and "LayerCase(num_experts" not in text, (
+            f"{module} builds a layer of its own shape"
+        )
 
 
 def test_threaded_weights_are_the_same_bits_as_one_expert_at_a_time():
-    layer = LayerCase(num_experts=4, hidden=1024, intermediate=1536, top_k=2, capacity=8, weight_seed=5)  # 3*H*I*E >= 2^24
+    layer = LayerCase(
+        num_experts=4, hidden=1024, intermediate=1536, top_k=2, capacity=8, weight_seed=5
+    )  # 3*H*I*E >= 2^24
     w13, w2 = make_weights(layer)
     for e in range(layer.num_experts):
         one13, one2 = make_weights(layer, (e, e + 1))

@@ -1,6 +1,7 @@
 """ci.nightly end to end on CPU (``--arch cpu``, a few drawn cases of reference-ep): one results folder with both
 JUnit files, per-case records, env.json, api.json, and a report with plots; the progress lines on the console.
 And its pieces: the phase commands for 1, 2 and 8 GPUs, a worker pinned to its GPU, the progress groups."""
+
 from __future__ import annotations
 
 import json
@@ -24,11 +25,30 @@ def test_a_cpu_nightly_writes_the_whole_folder(tmp_path):
     # One file to collect: the whole suite's collection was 8 of this test's 39 s.
     out = tmp_path / "night"
     # EP1 and EP8, the sizes asserted below, of the nightly's 1,2,4,8 (EP2 and EP4's pools: ~10 s more)
-    done = subprocess.run([sys.executable, "-m", "ci.nightly", "--arch", "cpu", "--examples", "2", "--out", str(out),
-                           "--", "suites/conformance/test_generic.py", "-k", "test_matches_reference and (EP1 or EP8)",
-                           "--impl", "reference-ep"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"})  # not the CI job's
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ci.nightly",
+            "--arch",
+            "cpu",
+            "--examples",
+            "2",
+            "--out",
+            str(out),
+            "--",
+            "suites/conformance/test_generic.py",
+            "-k",
+            "test_matches_reference and (EP1 or EP8)",
+            "--impl",
+            "reference-ep",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"},
+    )  # not the CI job's
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[progress] reference-ep EP1" in done.stdout and "[progress] reference-ep EP8" in done.stdout, done.stdout
     for name in ("junit.xml", "env.json", "report.md", "report.html", "plots/rel_l2.png"):
@@ -75,8 +95,13 @@ def test_a_worker_sees_only_its_gpu():
 def test_progress_groups_by_pool():
     lines = []
     p = progress.Progress(lines.append)
-    for nodeid, outcome in [("suites/x.py::test_a[sm90_x-EP1]", "passed"), ("suites/x.py::test_b[sm90_x-EP1-p]", "failed"),
-                            ("suites/x.py::test_a[sm90_x-EP2]", "passed")]:
+    for nodeid, outcome in [
+        ("suites/x.py::test_a[sm90_x-EP1]", "passed"),
+        ("suites/x.py::test_b[sm90_x-EP1-p]", "failed"),
+        ("suites/x.py::test_a[sm90_x-EP2]", "passed"),
+    ]:
         p.report(nodeid, outcome)
     p.flush()
-    assert lines[0].startswith("[progress] sm90_x EP1: 1 failed, 1 passed") and lines[1].startswith("[progress] sm90_x EP2")
+    assert lines[0].startswith("[progress] sm90_x EP1: 1 failed, 1 passed") and lines[1].startswith(
+        "[progress] sm90_x EP2"
+    )

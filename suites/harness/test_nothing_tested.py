@@ -1,6 +1,7 @@
 """A run that tested nothing is never green (fixtures.nothing_tested): ``-m sm90`` where no SM90 GPU is visible, or
 ``--impl`` naming a backend whose every test skips, ends with one line and exit 5; ``--allow-nothing-tested``
 accepts such a run."""
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,14 @@ GPU_ONLY_FILE = "suites/flashinfer/test_gpu_prerequisites.py"  # every test in i
 
 def _pytest(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "MOE_CONFORMANCE_"))}
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args], cwd=ROOT,
-                          env={**env, "MOE_WORKERS": "0"}, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
+        cwd=ROOT,
+        env={**env, "MOE_WORKERS": "0"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _verdict(done: subprocess.CompletedProcess) -> list[str]:
@@ -40,8 +47,13 @@ def test_sm90_without_an_sm90_gpu_is_nothing_tested_unless_allowed():
 @pytest.mark.skipif(not arch.skip_reason("sm90"), reason="an SM90 GPU is visible here: the SM90 backend runs")
 def test_an_impl_whose_every_test_skips_is_nothing_tested_though_others_passed():
     gpu_backend = "sm90_bf16_bf16_bf16_pull_cutedsl"
-    done = _pytest("suites/conformance/test_generic.py::test_matches_reference", "--impl", f"{gpu_backend},reference-ep",
-                   "--ep", "1")
+    done = _pytest(
+        "suites/conformance/test_generic.py::test_matches_reference",
+        "--impl",
+        f"{gpu_backend},reference-ep",
+        "--ep",
+        "1",
+    )
     assert done.returncode == cli.NOTHING_TESTED, done.stdout[-2000:]
     assert "1 passed, 1 skipped" in done.stdout, "reference-ep ran: the run as a whole was not empty"
     assert len(_verdict(done)) == 1 and f"--impl {gpu_backend}: every test of it skipped" in _verdict(done)[0]

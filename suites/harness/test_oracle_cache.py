@@ -1,5 +1,6 @@
 """The oracles' weight caches: a count per device type, and on a GPU a byte budget whose evictions give
 the memory back to CUDA (the rank pools of other workers share the card)."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """ci.outcomes on a real H200 JUnit file (reference.evidence.RAW_NIGHTLY_GREEN): its per-(implementation, EP) counts
 add up to the totals of pytest's own closing line in that run's log, and a changed outcome is named by its cell."""
+
 from __future__ import annotations
 
 import gzip
@@ -47,8 +48,9 @@ def _with_one_failure(tmp_path: Path) -> Path:
 
 
 def _run(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ci.outcomes", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ci.outcomes", *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_two_runs_compare_by_cell(tmp_path):
@@ -62,4 +64,6 @@ def test_two_runs_compare_by_cell(tmp_path):
 
 def test_a_missing_file_is_unusable_input(tmp_path):
     done = _run(tmp_path / "nothing.xml")
-    assert done.returncode == cli.INPUT and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert (
+        done.returncode == cli.INPUT and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    )

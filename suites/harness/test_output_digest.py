@@ -1,5 +1,6 @@
 """The per-output digest in the case records (what ci.compare_runs counts as bitwise-equal outputs of one case on
 two runs): equal bytes give equal digests, and one flipped low bit does not."""
+
 from __future__ import annotations
 
 import pytest

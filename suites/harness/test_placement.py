@@ -1,6 +1,7 @@
 """Where EP ranks sit, on a machine with 1, 2, 4 or 8 Hopper GPUs (patched in on CPU): a GPU per rank when
 there are enough, all ranks on GPU 0 when there are not and the kernel may share one, else a skip; the
 choice reaches the ranks through the pool's environment (issue 14, point 6)."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,6 +22,7 @@ def gpus(monkeypatch):
 
     def set_count(n: int):
         monkeypatch.setattr(arch, "capabilities", lambda: ((9, 0),) * n)
+
     return set_count
 
 

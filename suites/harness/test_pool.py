@@ -1,4 +1,5 @@
 """The rank pool never hangs: a hung, dead or raising rank becomes a clear failure, and the pool recovers."""
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,12 @@ def test_a_hung_rank_is_named_with_its_phase_and_the_pool_recovers(ep, rank):
     hung_pids = [r.pid for r in pool.ranks.values()]
     started = time.monotonic()
     with pytest.raises(RankFailure) as info:
-        run_scenario(subject, scenario, timeout_s=HUNG_TIMEOUT_S,
-                     inject={"rank": rank, "phase": "forward", "action": "sleep", "seconds": 3600})
+        run_scenario(
+            subject,
+            scenario,
+            timeout_s=HUNG_TIMEOUT_S,
+            inject={"rank": rank, "phase": "forward", "action": "sleep", "seconds": 3600},
+        )
     elapsed = time.monotonic() - started
     message = str(info.value)
     assert re.search(f"rank {rank} \\(last phase: batch 0 (first-)?forward\\)", message), message
@@ -54,8 +59,12 @@ def test_a_dead_rank_is_named_and_the_pool_recovers():
     subject, scenario = _subject(2), _scenario(2)
     started = time.monotonic()
     with pytest.raises(RankFailure) as info:
-        run_scenario(subject, scenario, timeout_s=CASE_TIMEOUT_S,
-                     inject={"rank": 1, "phase": "forward", "action": "exit", "code": 17})
+        run_scenario(
+            subject,
+            scenario,
+            timeout_s=CASE_TIMEOUT_S,
+            inject={"rank": 1, "phase": "forward", "action": "exit", "code": 17},
+        )
     message = str(info.value)
     assert "rank 1" in message and "died" in message and "batch 0 forward" in message, message
     assert time.monotonic() - started < REPORT_BOUND_S
@@ -64,8 +73,9 @@ def test_a_dead_rank_is_named_and_the_pool_recovers():
 
 def test_a_raising_rank_reports_its_traceback():
     subject = _subject(2)
-    bad = Scenario(LayerCase(num_experts=3, hidden=32, intermediate=16, top_k=2, capacity=8),
-                   (BatchCase(tokens=(2, 2)),), 2)  # 3 experts cannot be split over 2 ranks
+    bad = Scenario(
+        LayerCase(num_experts=3, hidden=32, intermediate=16, top_k=2, capacity=8), (BatchCase(tokens=(2, 2)),), 2
+    )  # 3 experts cannot be split over 2 ranks
     with pytest.raises(RankFailure, match="cannot be split evenly"):
         run_scenario(subject, bad, timeout_s=CASE_TIMEOUT_S)
     check_oracle(subject, _scenario(2))
@@ -91,8 +101,11 @@ def _alive(pid: int) -> bool:
 
 
 def _fresh_case(ep: int, seed: int) -> dict:
-    scenario = Scenario(LayerCase(num_experts=2 * ep, hidden=32, intermediate=16, top_k=2, capacity=8,
-                                  weight_seed=seed), (BatchCase(tokens=(4,) * ep, seed=1),), ep)
+    scenario = Scenario(
+        LayerCase(num_experts=2 * ep, hidden=32, intermediate=16, top_k=2, capacity=8, weight_seed=seed),
+        (BatchCase(tokens=(4,) * ep, seed=1),),
+        ep,
+    )
     return {"id": f"jit-{seed}", "impl": "reference-ep", "scenario": scenario.to_json()}
 
 
@@ -110,8 +123,11 @@ def test_a_build_past_the_jit_bound_is_reported_as_such():
     pids = [r.pid for r in pool.ranks.values()]
     started = time.monotonic()
     with pytest.raises(RankFailure, match=r"first forward \(JIT\) ran past 3s.*rank 1 \(last phase: build\)"):
-        pool.run({**_fresh_case(2, 502), "inject": {"rank": 1, "phase": "build", "action": "sleep", "seconds": 3600}},
-                 timeout_s=60, jit_timeout_s=3)
+        pool.run(
+            {**_fresh_case(2, 502), "inject": {"rank": 1, "phase": "build", "action": "sleep", "seconds": 3600}},
+            timeout_s=60,
+            jit_timeout_s=3,
+        )
     assert time.monotonic() - started < REPORT_BOUND_S
     _assert_gone(pids)
     check_oracle(_subject(2), _scenario(2))
@@ -120,8 +136,10 @@ def test_a_build_past_the_jit_bound_is_reported_as_such():
 def test_without_a_jit_bound_a_slow_build_counts_as_case_time():
     pool = get_pool(PoolKey(2, "gloo"))
     with pytest.raises(RankFailure, match="timed out after 2s"):
-        pool.run({**_fresh_case(2, 503), "inject": {"rank": 0, "phase": "build", "action": "sleep", "seconds": 3600}},
-                 timeout_s=2)
+        pool.run(
+            {**_fresh_case(2, 503), "inject": {"rank": 0, "phase": "build", "action": "sleep", "seconds": 3600}},
+            timeout_s=2,
+        )
 
 
 def test_closing_a_pool_leaves_no_process_behind():

@@ -1,6 +1,7 @@
 """Tests run grouped by the rank pool they use (conftest.py, fixtures/pool_order.py): a test marked ``rank_pool`` that names its
 implementation by a parameter sorts with that implementation's ``subject`` tests at its EP size, so the pool and
 its compiled kernels are started once, not again each time the next test names another backend."""
+
 from __future__ import annotations
 
 import itertools
@@ -40,8 +41,12 @@ def test_rank_pool_tests_sort_with_their_pools_subject_tests():
     ]
     order = [i.label for i in sorted(items, key=root.pool_order)]
     assert set(order[:2]) == {"no pool", "by name, not marked"}, order
-    assert set(order[2:6]) == {"rank_pool by name", "reference EP1 subject", "rank_pool by descriptor-like d",
-                               "rank_pool by path"}, order
+    assert set(order[2:6]) == {
+        "rank_pool by name",
+        "reference EP1 subject",
+        "rank_pool by descriptor-like d",
+        "rank_pool by path",
+    }, order
     ep2 = order[6:]
     assert set(ep2) == {"faulty EP2 subject", "reference EP2 subject", "rank_pool by name at EP2"}, order
 
@@ -50,8 +55,11 @@ def test_the_upcoming_pools_leave_out_tests_that_skip_marked_or_at_run_time():
     """A pool whose every test skips is never started ahead in the place of the next pool a test uses."""
     items = [
         _Item("reference EP1 subject", _subject("reference-ep", 1)),
-        _Item("a plan test at an EP size the path lacks", {"path": SimpleNamespace(name="megamoe_sm90_nvfp4_fused"),
-                                                            "ep": 1}, ["rank_pool"]),
+        _Item(
+            "a plan test at an EP size the path lacks",
+            {"path": SimpleNamespace(name="megamoe_sm90_nvfp4_fused"), "ep": 1},
+            ["rank_pool"],
+        ),
         _Item("marked skip", _subject("reference-ep", 4), ["skip"]),
         _Item("reference EP2 subject", _subject("reference-ep", 2)),
         _Item("no pool", {}),
@@ -63,8 +71,9 @@ def test_under_xdist_each_implementation_is_one_run_of_tests_ep1_first():
     """worker_order (conftest.py under pytest-xdist, a group per implementation): every implementation's tests
     together, EP sizes ascending, so a worker keeps EP1's output for the EP invariance test."""
     specs = ["reference-ep", "faulty:rank_zeroed"]
-    items = [_Item(f"{spec} EP{ep} #{n}", _subject(spec, ep)) for n in range(2) for ep in (8, 2, 4, 1)
-             for spec in specs] + [_Item("no pool", {})]
+    items = [
+        _Item(f"{spec} EP{ep} #{n}", _subject(spec, ep)) for n in range(2) for ep in (8, 2, 4, 1) for spec in specs
+    ] + [_Item("no pool", {})]
     order = sorted(items, key=root.worker_order)
     assert order[0].label == "no pool", [i.label for i in order]
     runs = [spec for spec, _ in itertools.groupby(root.worker_order(i)[0] for i in order[1:])]
@@ -80,12 +89,18 @@ def test_impl_deselects_gpu_tests_about_another_implementation():
     from fixtures.selection import deselect_other_implementations, implementations_of
 
     a, b = implementations_of({"sm90"})[:2]
-    items = [_Item("A faults", {"name": a}, ["rank_pool", "sm90"]), _Item("B faults", {"name": b}, ["rank_pool", "sm90"]),
-             _Item("B behaviour", {"built": SimpleNamespace(impl_name=b)}, ["sm90"]),
-             _Item("B on the CPU", {"name": b}, ["rank_pool"]), _Item("about no one", {}, ["sm90"])]
+    items = [
+        _Item("A faults", {"name": a}, ["rank_pool", "sm90"]),
+        _Item("B faults", {"name": b}, ["rank_pool", "sm90"]),
+        _Item("B behaviour", {"built": SimpleNamespace(impl_name=b)}, ["sm90"]),
+        _Item("B on the CPU", {"name": b}, ["rank_pool"]),
+        _Item("about no one", {}, ["sm90"]),
+    ]
     dropped = []
-    config = SimpleNamespace(getoption=lambda name: [a] if name == "--impl" else None,
-                             hook=SimpleNamespace(pytest_deselected=lambda items: dropped.extend(items)))
+    config = SimpleNamespace(
+        getoption=lambda name: [a] if name == "--impl" else None,
+        hook=SimpleNamespace(pytest_deselected=lambda items: dropped.extend(items)),
+    )
     deselect_other_implementations(config, items)
     assert [i.label for i in items] == ["A faults", "B on the CPU", "about no one"], [i.label for i in items]
     assert [i.label for i in dropped] == ["B faults", "B behaviour"]
@@ -96,9 +111,14 @@ def test_a_wrapped_or_configured_spec_keeps_its_backends_gpu_tests(given):
     from fixtures.selection import deselect_other_implementations, implementations_of
 
     a, b = implementations_of({"sm90"})[:2]
-    items = [_Item("A faults", {"name": a}, ["rank_pool", "sm90"]), _Item("B faults", {"name": b}, ["rank_pool", "sm90"])]
-    config = SimpleNamespace(getoption=lambda name: [given.format(a=a)] if name == "--impl" else None,
-                             hook=SimpleNamespace(pytest_deselected=lambda items: None))
+    items = [
+        _Item("A faults", {"name": a}, ["rank_pool", "sm90"]),
+        _Item("B faults", {"name": b}, ["rank_pool", "sm90"]),
+    ]
+    config = SimpleNamespace(
+        getoption=lambda name: [given.format(a=a)] if name == "--impl" else None,
+        hook=SimpleNamespace(pytest_deselected=lambda items: None),
+    )
     deselect_other_implementations(config, items)
     assert [i.label for i in items] == ["A faults"]
 
@@ -120,10 +140,14 @@ class _Collected(_Item):
 
 
 def _collected() -> list[_Collected]:
-    return [_Collected("reference EP2", _subject("reference-ep", 2)), _Collected("faulty EP1", _subject("faulty:rank_zeroed", 1)),
-            _Collected("other no pool", {}), _Collected("reference EP1", _subject("reference-ep", 1)),
-            _Collected("faulty EP2", _subject("faulty:rank_zeroed", 2)),
-            _Collected("skipped EP4", _subject("reference-ep", 4), ["skip"])]
+    return [
+        _Collected("reference EP2", _subject("reference-ep", 2)),
+        _Collected("faulty EP1", _subject("faulty:rank_zeroed", 1)),
+        _Collected("other no pool", {}),
+        _Collected("reference EP1", _subject("reference-ep", 1)),
+        _Collected("faulty EP2", _subject("faulty:rank_zeroed", 2)),
+        _Collected("skipped EP4", _subject("reference-ep", 4), ["skip"]),
+    ]
 
 
 def _keys(items) -> list:
@@ -132,14 +156,21 @@ def _keys(items) -> list:
     return list(dict.fromkeys(Subject(*s).pool_key for s in root.upcoming_subjects(items)))
 
 
-@pytest.mark.parametrize("host, sort, grouped", [
-    (dict(cores=2), root.pool_order, False),  # one process: each pool's tests together, EP1 first
-    (dict(cores=16, gpu=True), root.pool_order, False),
-    (dict(cores=2, worker="gw0", workers=2, loadgroup=True), root.worker_order, False),  # the CPU tier's workers
-    (dict(cores=16, gpu=True, worker="gw0", workers=3, loadgroup=True), root.pool_order, True),  # a GPU host's workers
-    (dict(cores=16, gpu=True, worker="gw0", workers=3, loadgroup=True, pinned=True), root.worker_order, False),
-    (dict(cores=16, gpu=True, worker="gw0", workers=3), root.worker_order, False),  # --dist load: not grouped
-])
+@pytest.mark.parametrize(
+    "host, sort, grouped",
+    [
+        (dict(cores=2), root.pool_order, False),  # one process: each pool's tests together, EP1 first
+        (dict(cores=16, gpu=True), root.pool_order, False),
+        (dict(cores=2, worker="gw0", workers=2, loadgroup=True), root.worker_order, False),  # the CPU tier's workers
+        (
+            dict(cores=16, gpu=True, worker="gw0", workers=3, loadgroup=True),
+            root.pool_order,
+            True,
+        ),  # a GPU host's workers
+        (dict(cores=16, gpu=True, worker="gw0", workers=3, loadgroup=True, pinned=True), root.worker_order, False),
+        (dict(cores=16, gpu=True, worker="gw0", workers=3), root.worker_order, False),  # --dist load: not grouped
+    ],
+)
 def test_the_scheduler_orders_groups_and_plans_the_pools_by_host(monkeypatch, host, sort, grouped):
     """The order and xdist groups of the collected tests and the upcoming pools: a GPU host's workers under --dist
     loadgroup (not pinned to a GPU each) group the rank-pool tests in EP1 and larger EP sizes, each worker's upcoming
@@ -155,9 +186,14 @@ def test_the_scheduler_orders_groups_and_plans_the_pools_by_host(monkeypatch, ho
     assert [i.label for i in items] == [i.label for i in sorted(_collected(), key=sort)]
     groups = {i.label: i.group for i in items}
     if grouped:
-        assert groups == {"reference EP2": root.LARGER_EP_GROUP, "faulty EP2": root.LARGER_EP_GROUP,
-                          "faulty EP1": root.EP1_GROUP, "reference EP1": root.EP1_GROUP,
-                          "skipped EP4": root.LARGER_EP_GROUP, "other no pool": root.OTHER_GROUP}
+        assert groups == {
+            "reference EP2": root.LARGER_EP_GROUP,
+            "faulty EP2": root.LARGER_EP_GROUP,
+            "faulty EP1": root.EP1_GROUP,
+            "reference EP1": root.EP1_GROUP,
+            "skipped EP4": root.LARGER_EP_GROUP,
+            "other no pool": root.OTHER_GROUP,
+        }
     else:
         assert groups == {i.label: root.worker_order(i)[0] or i.module.__name__ for i in items}
         assert groups["other no pool"] == "suites.test_other" and groups["faulty EP1"] == "faulty:rank_zeroed"
@@ -167,8 +203,10 @@ def test_the_scheduler_orders_groups_and_plans_the_pools_by_host(monkeypatch, ho
         return
     ep1 = [i for i in items if i.group == root.EP1_GROUP]
     larger = [i for i in items if i.group == root.LARGER_EP_GROUP]
-    assert scheduler.upcoming == [] and scheduler.by_group == {root.EP1_GROUP: _keys(ep1),
-                                                               root.LARGER_EP_GROUP: _keys(larger)}
+    assert scheduler.upcoming == [] and scheduler.by_group == {
+        root.EP1_GROUP: _keys(ep1),
+        root.LARGER_EP_GROUP: _keys(larger),
+    }
     scheduler.entering(items[0])  # a test without a pool: nothing changes
     assert scheduler.owned is None and scheduler.upcoming == [] and not scheduler.prefetch_enabled()
     scheduler.entering(ep1[0])

@@ -1,5 +1,6 @@
 """The next rank pools start while the current one runs (fixtures.scheduler.Scheduler: its upcoming list and the
 cores its host leaves), and a pool started ahead that fails to come up is started again when a case needs it."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,7 +20,9 @@ pytestmark = [pytest.mark.harness, pytest.mark.cpu, pytest.mark.ep]
 
 def _case(ep: int) -> tuple[Subject, Scenario]:
     layer = LayerCase(num_experts=2 * ep, hidden=32, intermediate=16, top_k=2, capacity=8, weight_seed=3)
-    return Subject("reference-ep", load("reference-ep"), ep), Scenario(layer, (BatchCase(tokens=(4,) * ep, seed=1),), ep)
+    return Subject("reference-ep", load("reference-ep"), ep), Scenario(
+        layer, (BatchCase(tokens=(4,) * ep, seed=1),), ep
+    )
 
 
 def _this_host(cores: int) -> Host:
@@ -86,10 +89,15 @@ def test_pools_start_ahead_as_far_as_the_spare_cores_allow():
     assert Scheduler(Host(cores=16, usable_cores=6)).ahead_ranks() == 2  # the cores this process may use count
 
 
-@pytest.mark.parametrize("workers, groups, owners", [
-    (3, ("at EP1", "larger"), 2), (2, ("at EP1", "larger"), 2), (1, ("at EP1", "larger"), 1),
-    (3, ("at EP1",), 1),  # a selection with no larger EP size: the one pool worker has every spare core
-])
+@pytest.mark.parametrize(
+    "workers, groups, owners",
+    [
+        (3, ("at EP1", "larger"), 2),
+        (2, ("at EP1", "larger"), 2),
+        (1, ("at EP1", "larger"), 1),
+        (3, ("at EP1",), 1),  # a selection with no larger EP size: the one pool worker has every spare core
+    ],
+)
 def test_workers_that_start_pools_share_the_spare_cores(workers, groups, owners):
     """In a GPU host's grouped run each group of rank-pool tests with pools has a worker that starts them ahead: those
     workers share the cores beyond ``KEPT_CORES``, at most one share a worker."""
@@ -97,7 +105,9 @@ def test_workers_that_start_pools_share_the_spare_cores(workers, groups, owners)
     grouped.set_upcoming([], by_group={**{g: [PoolKey(1, tag=g)] for g in groups}, "empty": []})
     assert grouped.ahead_ranks() == (16 - KEPT_CORES) // owners
     # a harness test's own pools share the cores as the session's do
-    assert grouped.isolated().ahead_ranks() == grouped.isolated().isolated().ahead_ranks() == (16 - KEPT_CORES) // owners
+    assert (
+        grouped.isolated().ahead_ranks() == grouped.isolated().isolated().ahead_ranks() == (16 - KEPT_CORES) // owners
+    )
 
 
 def test_a_worker_starts_ahead_the_pools_of_the_group_it_runs():

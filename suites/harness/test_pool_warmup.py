@@ -1,5 +1,6 @@
 """A rank pool started ahead builds its subjects' pool layers before its first case (fixtures.dist.warmup), and a
 warm-up that fails or hangs is given up, bounded and named, never failing or hanging the case that follows."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -104,7 +105,9 @@ def test_a_pool_started_ahead_builds_its_layers_before_its_first_case(ahead, tmp
         assert w["ok"] and w["why"] == "", w
         assert w["cases"] == len(layer_pool(subject.caps, subject.ep_size)) == w["layers_built"] == 2, w
     assert all(r.warming == 0 for r in ahead.pools[s2.pool_key].ranks.values())
-    assert run.layers_built == 1 and run.layer_calls_before == 0, "the test's own layer has no warm batch in its history"
+    assert run.layers_built == 1 and run.layer_calls_before == 0, (
+        "the test's own layer has no warm batch in its history"
+    )
 
 
 def test_a_warm_up_that_raises_is_given_up_and_the_case_runs(ahead, tmp_path, capfd):
@@ -187,7 +190,8 @@ def test_nothing_starts_at_collection_without_layers_to_build_or_without_prefetc
         own.start_first()
         assert s1.pool_key not in own.pools, "no warm-up: the first pool starts with its first case, as before"
         monkeypatch.setenv("MOE_POOL_PREFETCH", "0")
-        own.set_upcoming([s1.pool_key], {s1.pool_key: ({"id": "x", "impl": "reference-ep",
-                                                         "scenario": _case(1).to_json()},)})
+        own.set_upcoming(
+            [s1.pool_key], {s1.pool_key: ({"id": "x", "impl": "reference-ep", "scenario": _case(1).to_json()},)}
+        )
         own.start_first()
         assert s1.pool_key not in own.pools

@@ -1,5 +1,6 @@
 """The plugin example in README.md works as printed: loaded by import path it passes the oracle check,
 and the same code with gate and up swapped fails it."""
+
 from __future__ import annotations
 
 import re
@@ -39,8 +40,11 @@ def plugin_package(tmp_path, monkeypatch):
 
 def test_readme_plugin_passes_and_a_broken_copy_fails(plugin_package):
     layer = LayerCase(num_experts=4, hidden=32, intermediate=16, top_k=2, capacity=8, weight_seed=5)
-    batches = (BatchCase(tokens=(6,), seed=2), BatchCase(tokens=(3,), seed=3, pattern="masked"),
-               BatchCase(tokens=(5,), seed=4, method="DeepSeekV3", routed_scaling_factor=2.5, bias_scale=1.0))
+    batches = (
+        BatchCase(tokens=(6,), seed=2),
+        BatchCase(tokens=(3,), seed=3, pattern="masked"),
+        BatchCase(tokens=(5,), seed=4, method="DeepSeekV3", routed_scaling_factor=2.5, bias_scale=1.0),
+    )
     scenario = Scenario(layer, batches, 1)
     good = f"{plugin_package}.plugin:factory"
     check_oracle(Subject(good, load(good), 1), scenario)
@@ -66,8 +70,9 @@ def test_readme_plugin_command_runs_as_printed_from_another_repository(tmp_path)
     command = lines[0].replace("<checkout>", str(ROOT)) + " -k test_matches_reference -p no:cacheprovider"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "MOE_CONFORMANCE_"))}
     env.pop("PYTHONPATH", None)
-    done = subprocess.run(["bash", "-c", command], cwd=repo, env={**env, "MOE_WORKERS": "0"}, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        ["bash", "-c", command], cwd=repo, env={**env, "MOE_WORKERS": "0"}, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "test_matches_reference[my_kernels.plugin:factory-EP1] PASSED" in done.stdout or " passed" in done.stdout
     assert "my_kernels.plugin:factory" in done.stdout, done.stdout[-2000:]

@@ -1,6 +1,7 @@
 """ci.report on an H200 run's committed raw records (reference.evidence.RAW_FLASHINFER_074_CALIBRATION): the report
 names the outcome, the backends, the findings (F14 reproduced, F12 gone), the failures with reproductions, and draws
 its plots; and the latency benchmark's torch baseline runs on CPU and feeds the report's latency table."""
+
 from __future__ import annotations
 
 import gzip
@@ -22,8 +23,11 @@ RAW = ROOT / RAW_FLASHINFER_074_CALIBRATION
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     out = tmp_path_factory.mktemp("h200")
-    for name, target in (("cases.jsonl.gz", "cases-main.jsonl"), ("failures.jsonl.gz", "failures-main.jsonl"),
-                         ("junit.xml.gz", "junit-ep1.xml")):
+    for name, target in (
+        ("cases.jsonl.gz", "cases-main.jsonl"),
+        ("failures.jsonl.gz", "failures-main.jsonl"),
+        ("junit.xml.gz", "junit-ep1.xml"),
+    ):
         (out / target).write_bytes(gzip.decompress((RAW / name).read_bytes()))
     shutil.copy(RAW / "findings.jsonl", out / "findings-main.jsonl")
     (out / "env.json").write_text(json.dumps({"flashinfer-python": "0.7.4", "gpus": ["NVIDIA H200"]}))
@@ -42,8 +46,9 @@ def test_the_report_says_what_ran_and_what_failed(folder):
 
 def test_a_phase_that_ran_no_test_is_a_failure_on_the_first_lines(tmp_path):
     """A nightly whose pytest refused its arguments (exit 4; on an H200 the report read only 'no JUnit file')."""
-    (tmp_path / "env.json").write_text(json.dumps({"phases": {"all": {"exit": 4, "seconds": 1.3},
-                                                             "latency": {"exit": 0, "seconds": 91.4}}}))
+    (tmp_path / "env.json").write_text(
+        json.dumps({"phases": {"all": {"exit": 4, "seconds": 1.3}, "latency": {"exit": 0, "seconds": 91.4}}})
+    )
     report.write(tmp_path)
     text = (tmp_path / "report.md").read_text()
     assert "**FAILED: phase all exited 4** (pytest usage error: no test ran)" in text
@@ -52,9 +57,17 @@ def test_a_phase_that_ran_no_test_is_a_failure_on_the_first_lines(tmp_path):
 
 def test_each_phase_is_a_row_with_its_time_and_the_job_its_total(tmp_path):
     """The first complete H200 nightly put its phases in one cell, as a Python dict."""
-    (tmp_path / "env.json").write_text(json.dumps({"gpus": ["NVIDIA H200"], "phases": {
-        "all": {"exit": 0, "seconds": 1175.3, "last_line": "= 527 passed, 313 skipped in 1168.77s ="},
-        "latency": {"exit": 0, "seconds": 170.0, "last_line": '{"impl": "torch"}'}}}))
+    (tmp_path / "env.json").write_text(
+        json.dumps(
+            {
+                "gpus": ["NVIDIA H200"],
+                "phases": {
+                    "all": {"exit": 0, "seconds": 1175.3, "last_line": "= 527 passed, 313 skipped in 1168.77s ="},
+                    "latency": {"exit": 0, "seconds": 170.0, "last_line": '{"impl": "torch"}'},
+                },
+            }
+        )
+    )
     report.write(tmp_path)
     text = (tmp_path / "report.md").read_text()
     assert "| all | 0 | 1175.3 | = 527 passed, 313 skipped in 1168.77s = |" in text, text
@@ -66,12 +79,15 @@ def test_a_phase_the_loader_ended_quotes_its_last_output(tmp_path):
     """An H200 nightly: an AOT module's missing driver symbol ended pytest and the
     latency bench with exit 127, no summary, and the report said only 'see nightly.log'."""
     died = "python3: symbol lookup error: /x/sm90_push_fp8_moe_gemm.so: undefined symbol: cuLibraryLoadData"
-    (tmp_path / "env.json").write_text(json.dumps({"phases": {"all": {"exit": 127, "seconds": 48.6,
-                                                                      "last_line": died}}}))
+    (tmp_path / "env.json").write_text(
+        json.dumps({"phases": {"all": {"exit": 127, "seconds": 48.6, "last_line": died}}})
+    )
     report.write(tmp_path)
     text = (tmp_path / "report.md").read_text()
-    assert ("**FAILED: phase all exited 127** (a command not found, or the dynamic loader ended the process); "
-            f"its last output: `{died}`") in text, text
+    assert (
+        "**FAILED: phase all exited 127** (a command not found, or the dynamic loader ended the process); "
+        f"its last output: `{died}`"
+    ) in text, text
 
 
 def test_the_report_draws_each_distribution_against_its_tolerance(folder):
@@ -84,8 +100,12 @@ def test_the_report_draws_each_distribution_against_its_tolerance(folder):
 
 def test_the_torch_baseline_times_on_cpu_and_lands_in_the_table(tmp_path):
     out = tmp_path / "lat.json"
-    assert bench_latency.main(["--device", "cpu", "--geometry", "tiny", "--tokens", "8,64", "--repeats", "3",
-                               "--json", str(out)]) == 0
+    assert (
+        bench_latency.main(
+            ["--device", "cpu", "--geometry", "tiny", "--tokens", "8,64", "--repeats", "3", "--json", str(out)]
+        )
+        == 0
+    )
     written = json.loads(out.read_text())
     rows = written["rows"]
     assert [r["tokens"] for r in rows] == [8, 64] and all(r["median_ms"] > 0 and r["impl"] == "torch" for r in rows)
@@ -107,8 +127,24 @@ def test_the_rows_of_finished_backends_survive_a_later_one_dying(tmp_path, monke
 
     monkeypatch.setattr(bench_latency, "measure", measure)
     with pytest.raises(RuntimeError):
-        bench_latency.main(["--device", "cpu", "--geometry", "tiny", "--tokens", "8", "--repeats", "2",
-                            "--impl", "torch", "--impl", "next", "--json", str(out)])
+        bench_latency.main(
+            [
+                "--device",
+                "cpu",
+                "--geometry",
+                "tiny",
+                "--tokens",
+                "8",
+                "--repeats",
+                "2",
+                "--impl",
+                "torch",
+                "--impl",
+                "next",
+                "--json",
+                str(out),
+            ]
+        )
     rows = json.loads(out.read_text())["rows"]
     assert [(r["impl"], r["tokens"]) for r in rows] == [("torch", 8)], rows
 
@@ -116,8 +152,10 @@ def test_the_rows_of_finished_backends_survive_a_later_one_dying(tmp_path, monke
 def test_a_refused_row_first_keeps_every_latency_column(tmp_path):
     """A kernel that refuses a geometry gives an error row, which may come first: the table still has the timing
     columns of the rows after it, and the error in its own column."""
-    rows = [{"impl": "k", "geometry": "g", "error": "ValueError: capacity"},
-            {"impl": "torch", "geometry": "g", "tokens": 8, "median_ms": 1.5, "iqr_ms": 0.1}]
+    rows = [
+        {"impl": "k", "geometry": "g", "error": "ValueError: capacity"},
+        {"impl": "torch", "geometry": "g", "tokens": 8, "median_ms": 1.5, "iqr_ms": 0.1},
+    ]
     (tmp_path / "latency.json").write_text(json.dumps({"rows": rows}))
     table = report.markdown(tmp_path, []).split("## Latency", 1)[1]
     header = next(line for line in table.splitlines() if line.startswith("| impl"))

@@ -2,6 +2,7 @@
 follows the matrix; ci.nightly passes its --baseline on; the report is appended to a GitHub Actions job summary;
 ``--help`` lists the exit codes, and bad input is one line. The real H200 nightly
 (reference.evidence.RAW_NIGHTLY_GREEN) is the baseline; a copy with one planted failing test is the regression."""
+
 from __future__ import annotations
 
 import gzip
@@ -116,8 +117,9 @@ def test_the_nightly_refuses_a_baseline_that_is_no_folder_before_running_anythin
 
 
 def _run(*args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ci.report", *map(str, args)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ci.report", *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_help_lists_the_exit_codes():
@@ -127,10 +129,14 @@ def test_help_lists_the_exit_codes():
         assert f"\n  {code}  " in done.stdout, done.stdout
 
 
-@pytest.mark.parametrize("make, what", [(lambda d: d / "gone", "does not exist"),
-                                        (lambda d: d, "holds no results"),
-                                        (lambda d: (d / "cases-main.jsonl").write_text("{not json\n") and d,
-                                         "is malformed")])
+@pytest.mark.parametrize(
+    "make, what",
+    [
+        (lambda d: d / "gone", "does not exist"),
+        (lambda d: d, "holds no results"),
+        (lambda d: (d / "cases-main.jsonl").write_text("{not json\n") and d, "is malformed"),
+    ],
+)
 def test_bad_input_is_one_line(tmp_path, make, what):
     done = _run(make(tmp_path))
     assert done.returncode == cli.INPUT and "Traceback" not in done.stderr, done.stderr

@@ -3,6 +3,7 @@
 within the bound for its size; exact zeros are labelled; a panel per EP size. On the real H200 nightly
 (reference.evidence.RAW_NIGHTLY_GREEN) push_cuda's 2-token output had rel-L2 0.0466 against a plain bound of 0.03,
 and the old plot drew it beyond the red line with no word on why it passed."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,8 +47,16 @@ def test_each_figure_stands_next_to_the_bound_for_its_output_size(night):
 
 def _case(rel_l2: float, tokens: int) -> CaseRecord:
     scenario = json.dumps({"batches": [{"tokens": [tokens]}]})
-    return CaseRecord(impl="k", ep=1, recipe="r", check="oracle+textbook", scenario=scenario, seconds=1.0,
-                      metrics=[{"batch": 0, "rank": 0, "rel_l2": rel_l2}], tolerance=tolerance_fields(PUSH_FP8))
+    return CaseRecord(
+        impl="k",
+        ep=1,
+        recipe="r",
+        check="oracle+textbook",
+        scenario=scenario,
+        seconds=1.0,
+        metrics=[{"batch": 0, "rank": 0, "rel_l2": rel_l2}],
+        tolerance=tolerance_fields(PUSH_FP8),
+    )
 
 
 def test_a_figure_beyond_its_bound_says_so(tmp_path):
@@ -101,5 +110,9 @@ def test_the_plots_have_a_panel_per_ep_size(night):
     assert {f"{BF16_PULL}, EP{ep}" for ep in (1, 2, 4, 8)} <= titles
     assert _axes(report_plots.rel_l2_figure(points, tolerances), f"{PUSH}, EP2").texts[0].get_text() == "no cases"
     for stat in report_plots.STRIPS:
-        assert [ax.get_title() for ax in report_plots.strip_figure(stat, points, tolerances).axes] == \
-            ["EP1", "EP2", "EP4", "EP8"]
+        assert [ax.get_title() for ax in report_plots.strip_figure(stat, points, tolerances).axes] == [
+            "EP1",
+            "EP2",
+            "EP4",
+            "EP8",
+        ]

@@ -2,6 +2,7 @@
 skip reasons grouped; every failed test with its reproduction. On the real H200 nightly
 (reference.evidence.RAW_NIGHTLY_GREEN) the push kernels' EP2/4/8 cells were missing from every table: they must say
 why they skipped."""
+
 from __future__ import annotations
 
 import gzip
@@ -35,8 +36,10 @@ def test_the_report_opens_with_the_matrix_and_the_push_cells_say_why(text):
             assert link in row, row
             assert f"### {push}, {ep}" in text  # the link's target
     page = to_html(text)  # the HTML report's links reach their cells' details too
-    assert ('<a href="#sm90_fp8_fp8_bf16_push_cuda-ep2">skipped (26): needs one GPU per rank</a>' in page
-            and '<h3 id="sm90_fp8_fp8_bf16_push_cuda-ep2">' in page)
+    assert (
+        '<a href="#sm90_fp8_fp8_bf16_push_cuda-ep2">skipped (26): needs one GPU per rank</a>' in page
+        and '<h3 id="sm90_fp8_fp8_bf16_push_cuda-ep2">' in page
+    )
 
 
 def test_the_cells_hold_every_test_once():
@@ -55,11 +58,19 @@ def test_skip_reasons_are_grouped_with_their_backends(text):
     assert row.startswith("| needs one GPU per rank | 156 | sm90_bf16_bf16_bf16_push_cake (EP2, EP4, EP8); "), row
 
 
-@pytest.mark.parametrize("message, impl, short", [
-    ("sm90_x needs one GPU per rank: EP2 needs 2 SM90 GPUs, this machine has 1", "sm90_x", "needs one GPU per rank"),
-    ("sm90_x: pattern 'remote' needs EP > 1 (no token routes to it)", "sm90_x", "pattern 'remote' needs EP > 1"),
-    ("op supports sm90: nothing to refuse on this GPU", "op", "supports sm90: nothing to refuse on this GPU"),
-    ("", "-", "no reason given")])
+@pytest.mark.parametrize(
+    "message, impl, short",
+    [
+        (
+            "sm90_x needs one GPU per rank: EP2 needs 2 SM90 GPUs, this machine has 1",
+            "sm90_x",
+            "needs one GPU per rank",
+        ),
+        ("sm90_x: pattern 'remote' needs EP > 1 (no token routes to it)", "sm90_x", "pattern 'remote' needs EP > 1"),
+        ("op supports sm90: nothing to refuse on this GPU", "op", "supports sm90: nothing to refuse on this GPU"),
+        ("", "-", "no reason given"),
+    ],
+)
 def test_a_skip_reason_is_shortened_to_what_it_says(message, impl, short):
     assert report_outcomes.short_reason(message, impl) == short
 
@@ -73,10 +84,12 @@ E     reproduce: python -m ci.repro '{"from": "junit"}'</failure></testcase>
 <failure message="AssertionError">E   AssertionError</failure></testcase>
 <testcase classname="suites.conformance.test_generic" name="test_matches_reference[sm90_fp8_fp8_bf16_push_cuda-EP1]" />
 </testsuite></testsuites>"""
-RECORD = ('{"test": "suites/conformance/test_generic.py::test_check[sm90_fp8_fp8_bf16_push_cuda-EP2-repeat]", '
-          '"check": "repeat", "impl": "sm90_fp8_fp8_bf16_push_cuda", "ep": 2, '
-          '"message": "[repeat] push_cuda at EP2: the second call differs\\n'
-          '  reproduce: python -m ci.repro \'{\\"from\\": \\"record\\"}\'"}\n')
+RECORD = (
+    '{"test": "suites/conformance/test_generic.py::test_check[sm90_fp8_fp8_bf16_push_cuda-EP2-repeat]", '
+    '"check": "repeat", "impl": "sm90_fp8_fp8_bf16_push_cuda", "ep": 2, '
+    '"message": "[repeat] push_cuda at EP2: the second call differs\\n'
+    '  reproduce: python -m ci.repro \'{\\"from\\": \\"record\\"}\'"}\n'
+)
 
 
 def test_a_failed_test_is_listed_with_its_reproduction(tmp_path):
@@ -88,8 +101,8 @@ def test_a_failed_test_is_listed_with_its_reproduction(tmp_path):
     text = report.markdown(tmp_path, [])
     failures = text.split("## Failures (2 failed tests)", 1)[1].split("\n## ", 1)[0]
     assert "relative L2 0.5 > 0.02" in failures
-    assert "`reproduce: python -m ci.repro '{\"from\": \"junit\"}'`" in failures
+    assert '`reproduce: python -m ci.repro \'{"from": "junit"}\'`' in failures
     assert "the second call differs" in failures  # the record's first line, not pytest's bare AssertionError
-    assert "`reproduce: python -m ci.repro '{\"from\": \"record\"}'`" in failures
+    assert '`reproduce: python -m ci.repro \'{"from": "record"}\'`' in failures
     details = text.split(f"### {PUSHES[1]}, EP2", 1)[1]
-    assert "ci.repro '{\"from\": \"junit\"}'" in details and "ci.repro '{\"from\": \"record\"}'" in details
+    assert 'ci.repro \'{"from": "junit"}\'' in details and 'ci.repro \'{"from": "record"}\'' in details

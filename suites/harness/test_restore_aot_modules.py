@@ -1,5 +1,6 @@
 """ci/restore_aot_modules.sh on CPU: a tarball of AOT modules (as tools.build_jit_modules packs it) lands in the
 AOT folder as FlashInfer looks for it (<name>/<name>.so), and only for the FlashInfer version it was built for."""
+
 from __future__ import annotations
 
 import subprocess
@@ -10,8 +11,11 @@ import pytest
 
 from fixtures.shared_objects import CC, DRIVER_CALLER, NO_DRIVER, compile_so
 
-pytestmark = [pytest.mark.harness, pytest.mark.cpu,
-              pytest.mark.skipif(CC is None, reason="no C compiler (cc/gcc) to build the stand-in modules")]
+pytestmark = [
+    pytest.mark.harness,
+    pytest.mark.cpu,
+    pytest.mark.skipif(CC is None, reason="no C compiler (cc/gcc) to build the stand-in modules"),
+]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -30,8 +34,12 @@ def _tarball(tmp_path: Path, version: str, unfit: bool = False) -> Path:
 
 
 def _restore(tarball: Path, aot: Path, installed: str) -> str:
-    done = subprocess.run(["bash", str(ROOT / "ci" / "restore_aot_modules.sh"), str(tarball), str(aot), installed],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", str(ROOT / "ci" / "restore_aot_modules.sh"), str(tarball), str(aot), installed],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -39,7 +47,9 @@ def _restore(tarball: Path, aot: Path, installed: str) -> str:
 def test_modules_land_where_flashinfer_looks(tmp_path):
     aot = tmp_path / "site" / "flashinfer" / "data" / "aot"
     said = _restore(_tarball(tmp_path, "0.7.4"), aot, "0.7.4")
-    assert (aot / "mod_abc" / "mod_abc.so").read_bytes() == (tmp_path / "src/flashinfer-aot/mod_abc/mod_abc.so").read_bytes()
+    assert (aot / "mod_abc" / "mod_abc.so").read_bytes() == (
+        tmp_path / "src/flashinfer-aot/mod_abc/mod_abc.so"
+    ).read_bytes()
     assert not (aot / "BUILD_INFO").exists() and "installed 1 of 1 FlashInfer AOT modules" in said, said
 
 
@@ -63,9 +73,13 @@ def test_no_module_is_installed_when_the_check_cannot_run(tmp_path):
     (fake / "python3").write_text("#!/bin/sh\nexit 3\n")
     (fake / "python3").chmod(0o755)
     aot = tmp_path / "aot"
-    done = subprocess.run(["bash", str(ROOT / "ci" / "restore_aot_modules.sh"), str(_tarball(tmp_path, "0.7.4")),
-                           str(aot), "0.7.4"], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"})
+    done = subprocess.run(
+        ["bash", str(ROOT / "ci" / "restore_aot_modules.sh"), str(_tarball(tmp_path, "0.7.4")), str(aot), "0.7.4"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"},
+    )
     assert done.returncode == 0 and not aot.exists(), done.stdout + done.stderr
     assert "exited 3 and named none: no AOT module installed" in done.stdout, done.stdout
 
@@ -74,4 +88,3 @@ def test_modules_of_another_version_are_not_installed(tmp_path):
     aot = tmp_path / "aot"
     said = _restore(_tarball(tmp_path, "0.7.2.post1"), aot, "0.7.4")
     assert not aot.exists() and "are for flashinfer-python 0.7.2.post1, this host has 0.7.4" in said, said
-

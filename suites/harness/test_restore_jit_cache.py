@@ -1,6 +1,7 @@
 """ci/restore_jit_cache.sh on CPU with a real ninja: a packed cache restored after the inputs were
 reinstalled is not rebuilt, the previous way (touching the outputs) is, and a real change after the
 restore still is. Modules are mimicked by a rule whose depfile names a header, as nvcc's does."""
+
 from __future__ import annotations
 
 import os
@@ -57,8 +58,12 @@ def packed(tmp_path):
 
 def test_restored_cache_is_not_rebuilt_and_a_later_change_is(packed):
     tarball, cache, site, mod, hdr = packed
-    out = subprocess.run(["bash", str(ROOT / "ci/restore_jit_cache.sh"), str(tarball), str(cache), str(site)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        ["bash", str(ROOT / "ci/restore_jit_cache.sh"), str(tarball), str(cache), str(site)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out.strip() == "ninja dry run mod: ninja: no work to do.", out
     _set_mtime(hdr, 7200)  # a header really changed after the restore
     assert "no work to do" not in _dry_run(mod)
@@ -83,8 +88,11 @@ def test_setup_restores_a_packed_cache_once_on_a_prepared_gpu_host(tmp_path):
     (packed / "flashinfer" / "0.7.2.post1" / "90a" / "module.so").write_text("compiled")
     tarball = tmp_path / "fi-jit.tgz"
     subprocess.run(["tar", "czf", str(tarball), "-C", str(packed), "flashinfer"], check=True)
-    env = {**{k: v for k, v in os.environ.items() if k not in ("MOE_PYTHON", "MOE_USE_VENV")}, "HOME": str(home),
-           "MOE_JIT_CACHE": str(tarball)}
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("MOE_PYTHON", "MOE_USE_VENV")},
+        "HOME": str(home),
+        "MOE_JIT_CACHE": str(tarball),
+    }
     first = subprocess.run(["bash", "ci/setup.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0 and first.stdout.strip() == "python3", first.stderr
     assert "restoring the FlashInfer JIT cache" in first.stderr

@@ -1,5 +1,6 @@
 """The committed raw folders keep their records gzipped (evidence/raw): the readers take .gz and plain files alike,
 so ``ci.compare_runs`` and ``ci.report`` work on a committed folder as it is."""
+
 from __future__ import annotations
 
 import gzip

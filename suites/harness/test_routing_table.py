@@ -1,6 +1,7 @@
 """The routing-op descriptors (fixtures/flashinfer/routing_ops.py) name their methods from reference.routing's one
 table: a name the table lacks is refused when the descriptor is made, and every method of the table is implemented
 by some op, so the routing-op tests draw it."""
+
 from __future__ import annotations
 
 import dataclasses

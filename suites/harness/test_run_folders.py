@@ -1,6 +1,7 @@
 """Runs never mix (fixtures.run_folder): each session writes into a run folder of its own, the workers of one session
 share it, summary.json follows its schema and counts as pytest does, and shards merged (ci.runs) read as the run
 that was not sharded."""
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ from fixtures import run_folder
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
 # one test of each outcome pytest counts: 2 passed, 1 failed, 1 skipped, 1 xfailed, 1 xpassed, 1 error (setup)
-OUTCOMES = '''import pytest
+OUTCOMES = """import pytest
 def test_a(): pass
 def test_b(): pass
 def test_c(): assert False
@@ -31,15 +32,34 @@ def test_f(): pass
 @pytest.fixture
 def broken(): raise RuntimeError("setup")
 def test_g(broken): pass
-'''
+"""
 WANT = {"passed": 2, "failed": 1, "skipped": 1, "xfailed": 1, "xpassed": 1, "error": 1}
 
 
 def _pytest(results: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MOE_HYPOTHESIS_PROFILE": "ci", "MOE_HYPOTHESIS_EXAMPLES": "1"}
-    return subprocess.run([sys.executable, "-m", "pytest", "-c", str(ROOT / "pytest.ini"), "--rootdir", str(ROOT),
-                           "-p", "no:cacheprovider", "-q", "--results-dir", str(results), *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-c",
+            str(ROOT / "pytest.ini"),
+            "--rootdir",
+            str(ROOT),
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--results-dir",
+            str(results),
+            *args,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def _closing_counts(stdout: str) -> dict[str, int]:
@@ -73,8 +93,11 @@ def test_a_summary_off_its_schema_is_refused(tmp_path, outcomes_file):
     (folder,) = run_folder.runs(tmp_path)
     path = folder / run_folder.SUMMARY
     data = json.loads(path.read_text())
-    for broken in ({**data, "counts": {**data["counts"], "passed": -1}}, {k: v for k, v in data.items() if k != "shard"},
-                   {**data, "matrix": {"x": {"EP0": {"passed": 1}}}}):
+    for broken in (
+        {**data, "counts": {**data["counts"], "passed": -1}},
+        {k: v for k, v in data.items() if k != "shard"},
+        {**data, "matrix": {"x": {"EP0": {"passed": 1}}}},
+    ):
         path.write_text(json.dumps(broken))
         with pytest.raises(run_folder.SummaryError):
             run_folder.read_summary(path)
@@ -91,8 +114,11 @@ def test_two_sessions_write_two_run_folders_that_never_mix(tmp_path):
     for folder, name in ((first, "MOE_CASE_TIMEOUT"), (second, "MOE_JIT_TIMEOUT")):
         tests = run_folder.read_summary(folder / run_folder.SUMMARY)["tests"]
         assert [t.split("[")[1] for t in tests] == [f"{name}]"]
-        recorded = {json.loads(line)["test"].split("[")[-1] for f in folder.glob("tests-*.jsonl")
-                    for line in f.read_text().splitlines()}
+        recorded = {
+            json.loads(line)["test"].split("[")[-1]
+            for f in folder.glob("tests-*.jsonl")
+            for line in f.read_text().splitlines()
+        }
         assert recorded == {f"{name}]"}, (folder, recorded)
     assert not list(tmp_path.glob("*.jsonl"))  # nothing written beside the run folders
 
@@ -114,8 +140,16 @@ def _section(text: str, heading: str) -> str:
 def sharded(tmp_path_factory):
     """The same tests (subject tests of reference-ep at EP1 and EP2, tests of two modules) unsharded and as 2 shards."""
     base = tmp_path_factory.mktemp("sharded")
-    target = ["suites/conformance/test_generic.py", "-k", "test_matches_reference or test_check",
-              "suites/harness/test_outcomes.py", "--impl", "reference-ep", "--ep", "1,2"]
+    target = [
+        "suites/conformance/test_generic.py",
+        "-k",
+        "test_matches_reference",
+        "suites/harness/test_outcomes.py",
+        "--impl",
+        "reference-ep",
+        "--ep",
+        "1,2",
+    ]
     folders = {}
     for name, extra in (("whole", []), ("s1", ["--shard", "1/2"]), ("s2", ["--shard", "2/2"])):
         folders[name] = base / name
@@ -133,7 +167,10 @@ def test_the_merged_report_of_two_shards_is_the_unsharded_runs(sharded, tmp_path
     (one,) = [s for _, s in run_folder.summaries(sharded["whole"])]
     total = json.loads((tmp_path / "merged" / "merged-summary.json").read_text())
     assert total["counts"] == one["counts"] and total["matrix"] == one["matrix"] and total["tests"] == one["tests"]
-    assert {"EP1", "EP2"} <= set(one["matrix"]["reference-ep"]) and total["shards"] == [{"k": 1, "n": 2}, {"k": 2, "n": 2}]
+    assert {"EP1", "EP2"} <= set(one["matrix"]["reference-ep"]) and total["shards"] == [
+        {"k": 1, "n": 2},
+        {"k": 2, "n": 2},
+    ]
     assert compare_runs.main(["--old", str(sharded["s1"]), "--old", str(sharded["s2"]), str(sharded["whole"])]) == 0
 
 

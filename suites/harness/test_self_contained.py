@@ -6,6 +6,7 @@
 - Dated strings in Python files are at most five, each inside a link into evidence/ (reference/evidence.py).
 - Each link the code makes names a log that exists, and every hardware bound, finding and descriptor has one.
 """
+
 from __future__ import annotations
 
 import re
@@ -33,14 +34,21 @@ SKIP_DIRS = {".git", ".venv", ".hypothesis", ".pytest_cache", "__pycache__", "re
 def _project_files() -> list[Path]:
     """The checkout's files (tracked, or new and not ignored), evidence/ left out."""
     try:
-        out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                             text=True, check=True).stdout.split("\n")
+        out = subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.split("\n")
         paths = [ROOT / p for p in out if p]
     except (OSError, subprocess.CalledProcessError):  # no git: walk the tree
         paths = [p for p in ROOT.rglob("*") if not SKIP_DIRS & set(p.relative_to(ROOT).parts[:-1])]
     here = Path(__file__).resolve()  # its examples of what the checks refuse are not project text
-    return sorted(p for p in paths if p.is_file() and p.relative_to(ROOT).parts[0] not in SKIP_DIRS
-                  and not p.name.startswith(".venv") and p.resolve() != here)
+    return sorted(
+        p
+        for p in paths
+        if p.is_file()
+        and p.relative_to(ROOT).parts[0] not in SKIP_DIRS
+        and not p.name.startswith(".venv")
+        and p.resolve() != here
+    )
 
 
 def _text(path: Path) -> str | None:
@@ -121,9 +129,13 @@ RUN_LOG = re.compile(r"SESSION[0-9]|RUN[0-9]|session[0-9]")  # a run or log sequ
 def run_log_lines(files: list[Path], root: Path = ROOT) -> list[str]:
     """Lines outside evidence/ that name a run or log by its sequence number, or a date outside an evidence link."""
     _, bare = dated_lines(files, root)
-    numbered = [f"{path.relative_to(root).as_posix()}:{n}: {line.strip()}" for path in files
-                if (text := _text(path)) is not None for n, line in enumerate(text.splitlines(), 1)
-                if RUN_LOG.search(line)]
+    numbered = [
+        f"{path.relative_to(root).as_posix()}:{n}: {line.strip()}"
+        for path in files
+        if (text := _text(path)) is not None
+        for n, line in enumerate(text.splitlines(), 1)
+        if RUN_LOG.search(line)
+    ]
     return bare + numbered
 
 
@@ -159,8 +171,11 @@ def test_every_hardware_bound_finding_and_descriptor_links_its_log():
     bad = [f"finding {k}" for k in findings.FINDINGS if findings.EVIDENCE.get(k) not in evidence.LOGS]
     bad += [f"{d.impl_name}: evidence {d.evidence!r}" for d in ALL_DESCRIPTORS if d.evidence and not linked(d.evidence)]
     for recipe in KERNEL_RECIPES.values():
-        for what, bound in (("tolerance", recipe.tolerance), ("regroup", recipe.regroup_tolerance),
-                            ("systematic", recipe.tolerance.systematic)):
+        for what, bound in (
+            ("tolerance", recipe.tolerance),
+            ("regroup", recipe.regroup_tolerance),
+            ("systematic", recipe.tolerance.systematic),
+        ):
             if bound is not None and not (linked(bound.reason) or re.search(r"unverified|provisional", bound.reason)):
                 bad.append(f"{recipe.name} {what}: {bound.reason!r}")
     assert not bad, "a hardware claim without a link to its log (reference/evidence.py):\n" + "\n".join(bad)
@@ -168,14 +183,19 @@ def test_every_hardware_bound_finding_and_descriptor_links_its_log():
 
 # --- each check can fail -----------------------------------------------------------------------------------
 
+
 def test_the_checks_see_a_reference_outside_and_a_bare_date(tmp_path):
     (tmp_path / ".ci").mkdir()
     code, run = tmp_path / "mod.py", tmp_path / ".ci" / "run"
-    code.write_text('"""From ../shared/docs/x.md (H200, 2026-12-01)."""\nLOG = "evidence/2026-12-01-run.md"\n'
-                    'BAD = [line for line in LINES if "../shared" in line]  # a check, not a reference\n')
+    code.write_text(
+        '"""From ../shared/docs/x.md (H200, 2026-12-01)."""\nLOG = "evidence/2026-12-01-run.md"\n'
+        'BAD = [line for line in LINES if "../shared" in line]  # a check, not a reference\n'
+    )
     run.write_text('export MOE_GSM8K_DIR="$(dirname "$PWD")/shared/datasets/gsm8k"\ncp ../shared/gpu/x .\n')
     assert outside_references([code, run], tmp_path) == [
-        "mod.py:1: " + code.read_text().splitlines()[0], ".ci/run:2: cp ../shared/gpu/x ."]
+        "mod.py:1: " + code.read_text().splitlines()[0],
+        ".ci/run:2: cp ../shared/gpu/x .",
+    ]
     dated, bare = dated_lines([code, run], tmp_path)
     assert len(dated) == 2 and bare == ["mod.py:1: " + code.read_text().splitlines()[0]]
     code.write_text("LOG = evidence.SESSION19  # the log\n")
@@ -189,4 +209,8 @@ def test_the_check_sees_a_citation_the_doc_does_not_hold(tmp_path):
     assert unresolved_citations([code], doc, tmp_path) == []
     code.write_text('A = "kernels §3.2"\nB = "kernels §3.1 item 9"\n# kernels\n# §D7\nC = "catalogue §1.8"\n')
     assert unresolved_citations([code], doc, tmp_path) == [
-        "mod.py: kernels §3.2", "mod.py: kernels §3.1 item 9", "mod.py: kernels §D7", "mod.py: catalogue §"]
+        "mod.py: kernels §3.2",
+        "mod.py: kernels §3.1 item 9",
+        "mod.py: kernels §D7",
+        "mod.py: catalogue §",
+    ]

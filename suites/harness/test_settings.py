@@ -1,5 +1,6 @@
 """The settings module (fixtures.settings) and the start-of-run checks (fixtures.options): every ``MOE_*``
 variable is declared once, an invalid value is one line naming it, and bad options are one usage error."""
+
 from __future__ import annotations
 
 import ast
@@ -19,19 +20,49 @@ ROOT = Path(__file__).resolve().parents[2]
 # One value each declared variable refuses; the others take any text (paths, URLs checked by their readers,
 # implementation names checked at configure time: test_an_unknown_impl_is_one_usage_error).
 INVALID = {
-    "MOE_CONFORMANCE_EP": "1,two", "MOE_HYPOTHESIS_PROFILE": "device", "MOE_HYPOTHESIS_EXAMPLES": "0",
-    "MOE_MODEL_EP": "some", "MOE_WORKERS": "-1", "MOE_CASE_TIMEOUT": "abc", "MOE_JIT_TIMEOUT": "0",
-    "MOE_COLLECTIVE_TIMEOUT": "-5", "MOE_POOL_STARTUP_TIMEOUT": "inf", "MOE_MAX_POOLS": "0",
-    "MOE_POOL_PREFETCH": "maybe", "MOE_POOL_WARMUP": "2", "MOE_MAX_LAYERS": "1.5", "MOE_HOST_THREADS": "zero",
+    "MOE_CONFORMANCE_EP": "1,two",
+    "MOE_HYPOTHESIS_PROFILE": "device",
+    "MOE_HYPOTHESIS_EXAMPLES": "0",
+    "MOE_MODEL_EP": "some",
+    "MOE_WORKERS": "-1",
+    "MOE_CASE_TIMEOUT": "abc",
+    "MOE_JIT_TIMEOUT": "0",
+    "MOE_COLLECTIVE_TIMEOUT": "-5",
+    "MOE_POOL_STARTUP_TIMEOUT": "inf",
+    "MOE_MAX_POOLS": "0",
+    "MOE_POOL_PREFETCH": "maybe",
+    "MOE_POOL_WARMUP": "2",
+    "MOE_MAX_LAYERS": "1.5",
+    "MOE_HOST_THREADS": "zero",
     "MOE_RANK_NICE": "20",
-    "MOE_ORACLE_CACHE_GB": "-1", "MOE_GPU_MAX_HIDDEN": "2k", "MOE_GPU_MAX_INTERMEDIATE": "0",
-    "MOE_F13_TORCH_INTERLEAVE": "2", "MOE_CLEAN_EXIT": "nope", "MOE_CUTE_DSL_CACHE": "maybe",
+    "MOE_ORACLE_CACHE_GB": "-1",
+    "MOE_GPU_MAX_HIDDEN": "2k",
+    "MOE_GPU_MAX_INTERMEDIATE": "0",
+    "MOE_F13_TORCH_INTERLEAVE": "2",
+    "MOE_CLEAN_EXIT": "nope",
+    "MOE_CUTE_DSL_CACHE": "maybe",
     "MOE_GSM8K_URL": "ftp://example.org",
-    "MOE_USE_VENV": "yes", "MOE_POOL_ADDR": "localhost", "MOE_POOL_AUTHKEY": "xyz", "MOE_DIST_BACKEND": "mpi",
-    "MOE_PLACEMENT": "anywhere", "MOE_SHARD": "3/2", "MOE_PIN_WORKER_GPU": "2", "MOE_GPU_LIST": "0,a",
+    "MOE_USE_VENV": "yes",
+    "MOE_POOL_ADDR": "localhost",
+    "MOE_POOL_AUTHKEY": "xyz",
+    "MOE_DIST_BACKEND": "mpi",
+    "MOE_PLACEMENT": "anywhere",
+    "MOE_SHARD": "3/2",
+    "MOE_PIN_WORKER_GPU": "2",
+    "MOE_GPU_LIST": "0,a",
 }
-FREE_TEXT = {"MOE_CONFORMANCE_IMPL", "MOE_RESULTS_DIR", "MOE_GSM8K_DIR", "MOE_GSM8K_CACHE", "MOE_GSM8K_CONFIG",
-             "MOE_PYTHON", "MOE_VENV", "MOE_JIT_CACHE", "MOE_JIT_AOT", "MOE_OTHER_FLASHINFER"}
+FREE_TEXT = {
+    "MOE_CONFORMANCE_IMPL",
+    "MOE_RESULTS_DIR",
+    "MOE_GSM8K_DIR",
+    "MOE_GSM8K_CACHE",
+    "MOE_GSM8K_CONFIG",
+    "MOE_PYTHON",
+    "MOE_VENV",
+    "MOE_JIT_CACHE",
+    "MOE_JIT_AOT",
+    "MOE_OTHER_FLASHINFER",
+}
 
 
 def test_every_declared_variable_has_an_invalid_value_here_or_takes_any_text():
@@ -60,14 +91,17 @@ def test_unset_or_empty_is_the_default(name):
 def test_the_options_plugin_turns_an_invalid_value_into_a_usage_error(monkeypatch):
     monkeypatch.setenv("MOE_CASE_TIMEOUT", "abc")
     with pytest.raises(pytest.UsageError, match=r"^MOE_CASE_TIMEOUT='abc': expected seconds"):
-        options.pytest_load_initial_conftests(SimpleNamespace(known_args_namespace=SimpleNamespace(help=False)), None, [])
+        options.pytest_load_initial_conftests(
+            SimpleNamespace(known_args_namespace=SimpleNamespace(help=False)), None, []
+        )
 
 
 def test_an_invalid_value_stops_ci_test_sh_with_one_line():
     """The README's command with a bad value: one line naming the variable, no traceback, not exit 0."""
     env = {**os.environ, "MOE_CASE_TIMEOUT": "abc"}
-    done = subprocess.run(["bash", "ci/test.sh", "--collect-only", "-q"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        ["bash", "ci/test.sh", "--collect-only", "-q"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
     # ci/setup.sh's own line (which Python it chose, and why) comes first
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     setup = [line for line in lines if line.startswith("ci/setup.sh: ")]
@@ -150,22 +184,40 @@ def _direct_reads(source: str) -> list[int]:
     """Lines where ``source`` reads a MOE_* variable from an environ mapping (os.environ, os.getenv, a
     parameter named environ), by literal name or through a module constant holding one."""
     tree = ast.parse(source)
-    names = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
-             and str(node.value.value).startswith("MOE_") for t in node.targets if isinstance(t, ast.Name)}
+    names = {
+        t.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Constant)
+        and str(node.value.value).startswith("MOE_")
+        for t in node.targets
+        if isinstance(t, ast.Name)
+    }
 
     def moe(node) -> bool:
-        return ((isinstance(node, ast.Constant) and str(node.value).startswith("MOE_"))
-                or (isinstance(node, ast.Name) and node.id in names))
+        return (isinstance(node, ast.Constant) and str(node.value).startswith("MOE_")) or (
+            isinstance(node, ast.Name) and node.id in names
+        )
 
     def environ(node) -> bool:
         return ast.unparse(node).split(".")[-1] == "environ"
 
     hits = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and node.args and moe(node.args[0]) and isinstance(node.func, ast.Attribute) and (
-                (node.func.attr in ENV_READS and environ(node.func.value)) or node.func.attr == "getenv"):
+        if (
+            isinstance(node, ast.Call)
+            and node.args
+            and moe(node.args[0])
+            and isinstance(node.func, ast.Attribute)
+            and ((node.func.attr in ENV_READS and environ(node.func.value)) or node.func.attr == "getenv")
+        ):
             hits.append(node.lineno)
-        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and environ(node.value) and moe(node.slice):
+        elif (
+            isinstance(node, ast.Subscript)
+            and isinstance(node.ctx, ast.Load)
+            and environ(node.value)
+            and moe(node.slice)
+        ):
             hits.append(node.lineno)
         elif isinstance(node, ast.Compare) and moe(node.left) and any(environ(c) for c in node.comparators):
             hits.append(node.lineno)
@@ -181,16 +233,26 @@ def _project_files(*suffixes: str) -> list[Path]:
 
 
 def test_only_the_settings_module_reads_moe_variables_from_the_environment():
-    found = [f"{p.relative_to(ROOT)}:{line}" for p in _project_files(".py") if p != ROOT / "fixtures" / "settings.py"
-             for line in _direct_reads(p.read_text())]
+    found = [
+        f"{p.relative_to(ROOT)}:{line}"
+        for p in _project_files(".py")
+        if p != ROOT / "fixtures" / "settings.py"
+        for line in _direct_reads(p.read_text())
+    ]
     assert not found, "read these through fixtures.settings: " + ", ".join(found)
 
 
-@pytest.mark.parametrize("source", [
-    'import os\nx = os.environ.get("MOE_X", "1")\n', 'import os\nx = os.environ["MOE_X"]\n',
-    'import os\nx = os.getenv("MOE_X")\n', 'import os\nENV = "MOE_X"\nx = os.environ.get(ENV)\n',
-    'def f(environ):\n    return environ.get("MOE_X")\n', 'import os\nx = "MOE_X" in os.environ\n',
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        'import os\nx = os.environ.get("MOE_X", "1")\n',
+        'import os\nx = os.environ["MOE_X"]\n',
+        'import os\nx = os.getenv("MOE_X")\n',
+        'import os\nENV = "MOE_X"\nx = os.environ.get(ENV)\n',
+        'def f(environ):\n    return environ.get("MOE_X")\n',
+        'import os\nx = "MOE_X" in os.environ\n',
+    ],
+)
 def test_the_static_check_sees_a_direct_read(source):
     assert _direct_reads(source) and not _direct_reads('import os\nos.environ["MOE_X"] = "1"\n')
 
@@ -199,7 +261,11 @@ def test_every_moe_name_in_code_and_scripts_is_declared():
     """A new variable in a script or module without a declaration (or a misspelt one) fails here."""
     files = [p for p in _project_files(".py", ".sh", ".yml", ".yaml", ".toml", ".ini") if p != Path(__file__)]
     files += [ROOT / ".ci" / "run"]  # CI's entry point, a script without a suffix
-    used = {(m, p.relative_to(ROOT)) for p in files
-            for m in re.findall(r"\bMOE_[A-Z0-9_]+", p.read_text(errors="replace")) if not m.endswith("_")}
+    used = {
+        (m, p.relative_to(ROOT))
+        for p in files
+        for m in re.findall(r"\bMOE_[A-Z0-9_]+", p.read_text(errors="replace"))
+        if not m.endswith("_")
+    }
     undeclared = sorted(f"{name} ({path})" for name, path in used if name not in settings.DECLARED)
     assert not undeclared, "declare in fixtures/settings.py: " + ", ".join(undeclared)

@@ -6,6 +6,7 @@ of the user's own. And the session header: where the torch and FlashInfer under 
 
 Each test builds a throwaway venv offline in a few seconds (fakes as installed metadata, a stub pip); ci/setup.sh
 itself runs for real, from a copy of its inputs."""
+
 from __future__ import annotations
 
 import importlib.metadata as md
@@ -93,8 +94,14 @@ def _test_extra() -> list[Requirement]:
 
 
 def _site(python: Path) -> Path:
-    return Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    return Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
 
 
 def user_environment(where: Path, torch: bool = True, flashinfer: str = "editable") -> Path:
@@ -128,8 +135,11 @@ def user_environment(where: Path, torch: bool = True, flashinfer: str = "editabl
 def installed_versions(python: Path) -> dict[str, str]:
     probe = "import importlib.metadata as m, json; print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON"))}
-    return json.loads(subprocess.run([str(python), "-c", probe], cwd="/", env=env, capture_output=True, text=True,
-                                     timeout=60, check=True).stdout)
+    return json.loads(
+        subprocess.run(
+            [str(python), "-c", probe], cwd="/", env=env, capture_output=True, text=True, timeout=60, check=True
+        ).stdout
+    )
 
 
 @pytest.fixture
@@ -151,12 +161,21 @@ def setup_in(tmp_path):
     def run(env_python: Path, **variables: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
         log.write_text("")
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON", "MOE_", "VIRTUAL_ENV"))}
-        env.update(HOME=str(tmp_path / "home"), PATH=f"{env_python.parent}:{os.environ['PATH']}", STUB_PIP_LOG=str(log),
-                   PIP_NO_INDEX="1", PIP_CONFIG_FILE=os.devnull, PYTHONNOUSERSITE="1", MOE_VENV=str(stub))
+        env.update(
+            HOME=str(tmp_path / "home"),
+            PATH=f"{env_python.parent}:{os.environ['PATH']}",
+            STUB_PIP_LOG=str(log),
+            PIP_NO_INDEX="1",
+            PIP_CONFIG_FILE=os.devnull,
+            PYTHONNOUSERSITE="1",
+            MOE_VENV=str(stub),
+        )
         env.update(variables)
-        done = subprocess.run(["bash", str(root / "ci" / "setup.sh")], env=env, capture_output=True, text=True,
-                              timeout=60)
+        done = subprocess.run(
+            ["bash", str(root / "ci" / "setup.sh")], env=env, capture_output=True, text=True, timeout=60
+        )
         return done, [json.loads(line) for line in log.read_text().splitlines()]
+
     run.stub = stub / "bin" / "python"
     run.root = root
     return run
@@ -185,7 +204,7 @@ def test_setup_tests_the_active_environment_adding_only_its_missing_test_tools(s
     assert f"torch {USER_TORCH} from " in done.stderr, done.stderr
     assert len(calls) == 1, calls
     argv, keep = calls[0]["argv"], _pinned(calls[0]["constraints"])
-    names = [a for a in argv[argv.index("-c") + 2:]]
+    names = [a for a in argv[argv.index("-c") + 2 :]]
     ci = ci_pins()
     assert argv[0] == "install" and sorted(names) == sorted(f"{n}=={ci[n]}" for n in MISSING), argv
     assert not [a for a in argv if re.match(r"(torch|flashinfer|nvidia|triton)", a)], argv
@@ -195,10 +214,12 @@ def test_setup_tests_the_active_environment_adding_only_its_missing_test_tools(s
     assert all(keep[canonicalize_name(n)] == f"=={v}" for n, v in before.items()), (before, keep)
     after = installed_versions(python)
     assert {n: after.get(n) for n in before} == before and set(after) - set(before) == set(MISSING), after
-    said = {"editable": f"flashinfer-python 0.7.4 from {tmp_path / 'user-flashinfer' / 'flashinfer'}",
-            "none": "no flashinfer module here: FlashInfer is not installed into this environment by setup",
-            "broken": "does not import (ImportError: libcuda.so.1: cannot open shared object file): setup installs "
-                      "no FlashInfer here"}[flashinfer]
+    said = {
+        "editable": f"flashinfer-python 0.7.4 from {tmp_path / 'user-flashinfer' / 'flashinfer'}",
+        "none": "no flashinfer module here: FlashInfer is not installed into this environment by setup",
+        "broken": "does not import (ImportError: libcuda.so.1: cannot open shared object file): setup installs "
+        "no FlashInfer here",
+    }[flashinfer]
     assert said in done.stderr, done.stderr
     assert not list(setup_in.root.glob(".venv*")), "a venv made beside the user's environment"
     again, calls = setup_in(python)
@@ -222,8 +243,11 @@ def test_setup_makes_the_venv_where_the_active_python_has_no_torch_or_when_asked
     done, calls = setup_in(python, **variables)
     venv_python = Path(variables.get("MOE_VENV", setup_in.stub.parent.parent)) / "bin" / "python"
     assert done.returncode == 0 and done.stdout.strip() == str(venv_python), (done.stdout, done.stderr)
-    why = {"no torch": "the python3 on PATH has no torch", "MOE_USE_VENV=1": "MOE_USE_VENV=1",
-           "checkout's own .venv": "the python3 on PATH is this checkout's"}[case]
+    why = {
+        "no torch": "the python3 on PATH has no torch",
+        "MOE_USE_VENV=1": "MOE_USE_VENV=1",
+        "checkout's own .venv": "the python3 on PATH is this checkout's",
+    }[case]
     assert f"using {venv_python} ({why}" in done.stderr, done.stderr
     assert calls == [], calls
 
@@ -262,14 +286,17 @@ def test_gpu_env_sh_is_second_to_an_active_environment_with_torch(setup_in, tmp_
 def test_the_header_names_where_torch_and_flashinfer_are_loaded_from(pytestconfig):
     import torch
 
-    lines = [line for group in pytestconfig.hook.pytest_report_header(config=pytestconfig,
-                                                                       start_path=pytestconfig.rootpath)
-             for line in (group if isinstance(group, list) else [group])]
+    lines = [
+        line
+        for group in pytestconfig.hook.pytest_report_header(config=pytestconfig, start_path=pytestconfig.rootpath)
+        for line in (group if isinstance(group, list) else [group])
+    ]
     torch_line = f"under test: torch {md.version('torch')} at {Path(torch.__file__).resolve().parent} ("
     assert any(line.startswith(torch_line) for line in lines), lines
     try:
         fi = f"under test: flashinfer-python {md.version('flashinfer-python')} at "
         import importlib.util
+
         fi += str(Path(importlib.util.find_spec("flashinfer").origin).resolve().parent) + " ("
     except (md.PackageNotFoundError, AttributeError):
         fi = "under test: flashinfer-python not installed"
@@ -281,11 +308,18 @@ def test_the_header_shows_a_source_build_of_flashinfer_without_importing_it(tmp_
     checkout and the editable install, and the header did not import it."""
     python = user_environment(tmp_path / "user", flashinfer="broken")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    done = subprocess.run([str(python), "-m", "fixtures.environment_report"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [str(python), "-m", "fixtures.environment_report"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     checkout = tmp_path / "user-flashinfer"
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         f"under test: torch {USER_TORCH} at {_site(python) / 'torch'} (installed by pip by name from an index: a "
         "registry wheel)",
-        f"under test: flashinfer-python 0.7.4 at {checkout / 'flashinfer'} (editable install of {checkout})"], done.stdout
+        f"under test: flashinfer-python 0.7.4 at {checkout / 'flashinfer'} (editable install of {checkout})",
+    ], done.stdout

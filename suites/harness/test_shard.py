@@ -1,5 +1,6 @@
 """``--shard K/N`` (fixtures.shard): the shards partition the collected tests exactly, a rank pool's tests stay in one
 shard, two processes make the same split, and a bad value is one usage-error line."""
+
 from __future__ import annotations
 
 import os
@@ -15,15 +16,28 @@ from fixtures import shard
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
 # subject tests on rank pools at two EP sizes (two pools), and tests of three modules without one
-TARGET = ["suites/conformance/test_generic.py", "suites/harness/test_settings.py", "suites/harness/test_outcomes.py",
-          "suites/harness/test_pool_order.py", "--impl", "reference-ep", "--ep", "1,2"]
+TARGET = [
+    "suites/conformance/test_generic.py",
+    "suites/harness/test_settings.py",
+    "suites/harness/test_outcomes.py",
+    "suites/harness/test_pool_order.py",
+    "--impl",
+    "reference-ep",
+    "--ep",
+    "1,2",
+]
 _POOL = re.compile(r"\[(reference-ep)-EP(\d+)[\]-]")
 
 
 def _collect(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-                           *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
 
 
 def _ids(*args: str) -> list[str]:
@@ -63,13 +77,17 @@ def test_the_split_is_a_balanced_greedy_over_sorted_keys():
     assert shard.assign({"x": 5}, 3) == {"x": 1}
 
 
-@pytest.mark.parametrize("args, env, said", [
-    (["--shard", "3/2"], {}, "--shard '3/2': expected K/N, integers with 1 <= K <= N"),
-    (["--shard", "x"], {}, "--shard 'x': expected K/N"),
-    (["--shard", "0/2"], {}, "--shard '0/2': expected K/N"),
-    (["--shard", "1/0"], {}, "--shard '1/0': expected K/N"),
-    ([], {"MOE_SHARD": "3/2"}, "MOE_SHARD='3/2': expected K/N, integers with 1 <= K <= N"),
-], ids=["k-above-n", "not-a-fraction", "k-zero", "n-zero", "env"])
+@pytest.mark.parametrize(
+    "args, env, said",
+    [
+        (["--shard", "3/2"], {}, "--shard '3/2': expected K/N, integers with 1 <= K <= N"),
+        (["--shard", "x"], {}, "--shard 'x': expected K/N"),
+        (["--shard", "0/2"], {}, "--shard '0/2': expected K/N"),
+        (["--shard", "1/0"], {}, "--shard '1/0': expected K/N"),
+        ([], {"MOE_SHARD": "3/2"}, "MOE_SHARD='3/2': expected K/N, integers with 1 <= K <= N"),
+    ],
+    ids=["k-above-n", "not-a-fraction", "k-zero", "n-zero", "env"],
+)
 def test_a_bad_shard_is_one_usage_error_line(args, env, said):
     done = _collect("suites/harness/test_settings.py", *args, env=env)
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]

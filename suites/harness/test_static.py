@@ -4,8 +4,10 @@ docs/architecture.md). Their configuration is pyproject.toml's ``[tool.ruff]``.
 
 Much of the suite runs only on a GPU (the SM90 behaviour, fault and routing-op tests), never in the CPU CI: a name
 left undefined by a refactor there would reach the first GPU run instead of CI; ruff sees it here."""
+
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,8 +23,14 @@ def _tool(name: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProces
     exe = BIN / name
     if not exe.exists():
         pytest.fail(f"no {name} next to {sys.executable}: install the test extra (pip install -e '.[test]')")
-    return subprocess.run([str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [str(exe), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+    )
 
 
 def test_ruff_lint_finds_nothing():
@@ -47,12 +55,27 @@ def test_the_checks_see_an_undefined_name_and_a_forbidden_import(tmp_path):
     done = _tool("ruff", "check", "--no-cache", "--config", str(ROOT / "pyproject.toml"), str(bad))
     assert done.returncode == 1 and "F821" in done.stdout, done.stdout
     tree = tmp_path / "tree"
-    for name in ("reference", "fixtures", "ci", "tools", "gates"):
-        (tree / name).mkdir(parents=True)
-        (tree / name / "__init__.py").write_text("")
+    config = (ROOT / ".importlinter").read_text()
+    named = {m for m in re.findall(r"^\s+([a-z_][\w.]*)\s*$", config, re.M)}  # every module the contracts name
+    for module in sorted(named):  # each name a module, inside packages for its parents ("a.b": a/__init__.py, a/b.py)
+        parts = module.split(".")
+        for depth in range(1, len(parts) + 1):
+            package = tree.joinpath(*parts[:depth])
+            if depth < len(parts) or len(parts) == 1:
+                package.mkdir(parents=True, exist_ok=True)
+                (package / "__init__.py").touch()
+            else:
+                package.with_suffix(".py").touch()
     (tree / "fixtures" / "compare.py").write_text("def f():\n    from ci import cli\n")
-    (tree / ".importlinter").write_text((ROOT / ".importlinter").read_text())
-    done = subprocess.run([str(BIN / "lint-imports"), "--no-cache"], cwd=tree, capture_output=True, text=True,
-                          timeout=120, env={"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONPATH": str(tree)})
+    (tree / ".importlinter").write_text(config)
+    done = subprocess.run(
+        [str(BIN / "lint-imports"), "--no-cache"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONPATH": str(tree)},
+    )
     assert done.returncode == 1 and "the harness imports none of the commands built on it BROKEN" in done.stdout, (
-        done.stdout[-3000:])
+        done.stdout[-3000:]
+    )

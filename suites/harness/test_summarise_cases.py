@@ -1,4 +1,5 @@
 """tools/summarise_cases.py on records shaped like those the conformance suites write (cases-*.jsonl)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,15 +14,28 @@ pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 
 
 def _record(impl, ep, metrics, textbook=(), seconds=1.0):
-    return CaseRecord(impl=impl, ep=ep, recipe="r", check="oracle+textbook", scenario="{}", seconds=seconds,
-                      metrics=metrics, textbook_rel_l2=list(textbook), rank_seconds={"build": 0.5, "forward": 0.25},
-                      process_seconds={"oracle": 0.125})
+    return CaseRecord(
+        impl=impl,
+        ep=ep,
+        recipe="r",
+        check="oracle+textbook",
+        scenario="{}",
+        seconds=seconds,
+        metrics=metrics,
+        textbook_rel_l2=list(textbook),
+        rank_seconds={"build": 0.5, "forward": 0.25},
+        process_seconds={"oracle": 0.125},
+    )
 
 
 def test_worst_errors_and_times_per_backend_and_ep_size():
     records = [
-        _record("a", 1, [{"rel_l2": 0.01, "cosine": 0.9999, "row_rel_max": 0.02, "band_units_max": 3.0},
-                         {"batch": 1, "rank": 0}], textbook=[0.05, 0.07]),
+        _record(
+            "a",
+            1,
+            [{"rel_l2": 0.01, "cosine": 0.9999, "row_rel_max": 0.02, "band_units_max": 3.0}, {"batch": 1, "rank": 0}],
+            textbook=[0.05, 0.07],
+        ),
         _record("a", 1, [{"rel_l2": 0.03, "cosine": 0.999, "row_rel_max": 0.01, "band_units_max": 1.0}], seconds=2.0),
         _record("a", 2, [{"rel_l2": 0.002}]),
     ]

@@ -1,5 +1,6 @@
 """fixtures.systematic on synthetic outputs: each statistic finds its fault through noise of the size a
 correct FP8 kernel shows (relative L2 ~0.006 against its recipe), and stays quiet on noise alone."""
+
 from __future__ import annotations
 
 import pytest
@@ -76,7 +77,7 @@ def test_row_correlated_noise_raises_nothing():
         terms, ids, ref, out = _row_jitter_case(seed)
         e = systematic.gain(out, ref)
         robust += e.excess(BOUNDS.k, 0.0) > 0
-        naive_se = (((out - e.value * ref) ** 2).sum() / (ref.numel() - 1) / (ref ** 2).sum()).sqrt().item()
+        naive_se = (((out - e.value * ref) ** 2).sum() / (ref.numel() - 1) / (ref**2).sum()).sqrt().item()
         naive += abs(e.value - 1) > BOUNDS.k * naive_se
     assert robust == 0, f"{robust} false alarms of the robust standard error"
     assert naive >= 10, f"the element-wise standard error alarmed on only {naive} of 20: the case is too easy"

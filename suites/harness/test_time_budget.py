@@ -1,6 +1,7 @@
 """ci.time_budget: a run's time per implementation and EP size adds up to what the run recorded, on the committed H200
 folders and synthetic ones; compiles are told from rebuilds; ci.compare_runs warns of growth. A real session's
 records: suites/harness/test_nightly.py."""
+
 from __future__ import annotations
 
 import gzip
@@ -38,7 +39,8 @@ def test_the_committed_h200_runs_add_up_to_their_junit_times(folder):
     cases = records(ROOT / folder, "cases")
     ranks = sum(r["process_seconds"]["run"] for r in cases)
     assert sum(row["compiles"] + row["layer builds"] + row["cases"] for row in b.rows.values()) == pytest.approx(
-        ranks, rel=1e-3)
+        ranks, rel=1e-3
+    )
     assert b.all_tests()["checks"] == pytest.approx(sum(r["seconds"] for r in cases) - ranks, rel=1e-3)
     # a CuTe DSL kernel compiles in its first EP1 builds; the cake kernel is built ahead and compiles nothing
     assert b.rows[("sm90_fp8_nvfp4_bf16_pull_cutedsl", 1)]["compiles"] > 20
@@ -59,24 +61,56 @@ def _write(folder: Path, kind: str, rows: list[dict], worker: str = "main") -> N
 
 
 def _test(t: float, impl: str, seconds: float, worker: str = "main", session: int = 1, **parts) -> dict:
-    return {"time": t, "test": f"t::{impl}{t}", "impl": impl, "ep": 1 if impl else 0, "seconds": seconds,
-            "worker": worker, "session": session, "pool_start": 0.0, "case": 0.0, "check": 0.0, "builds": [], **parts}
+    return {
+        "time": t,
+        "test": f"t::{impl}{t}",
+        "impl": impl,
+        "ep": 1 if impl else 0,
+        "seconds": seconds,
+        "worker": worker,
+        "session": session,
+        "pool_start": 0.0,
+        "case": 0.0,
+        "check": 0.0,
+        "builds": [],
+        **parts,
+    }
 
 
 def test_sessions_count_the_busiest_worker_and_a_session_cut_short(tmp_path):
-    _write(tmp_path, "session", [{"time": 100.0, "event": "start", "session": 1, "startup_s": 4.0},
-                                 {"time": 110.0, "event": "start", "session": 2}, {"time": 150.0, "event": "end",
-                                                                                   "session": 1},
-                                 {"time": 200.0, "event": "start", "session": 1, "startup_s": 3.0}])
-    _write(tmp_path, "tests", [_test(120.0, "x", 20.0, pool_start=5.0, case=2.0, check=3.0,
-                                     builds=[["s", 0.1, 4.0], ["s", 0.1, 0.1]]), _test(130.0, "", 10.0)], "gw0")
+    _write(
+        tmp_path,
+        "session",
+        [
+            {"time": 100.0, "event": "start", "session": 1, "startup_s": 4.0},
+            {"time": 110.0, "event": "start", "session": 2},
+            {"time": 150.0, "event": "end", "session": 1},
+            {"time": 200.0, "event": "start", "session": 1, "startup_s": 3.0},
+        ],
+    )
+    _write(
+        tmp_path,
+        "tests",
+        [
+            _test(120.0, "x", 20.0, pool_start=5.0, case=2.0, check=3.0, builds=[["s", 0.1, 4.0], ["s", 0.1, 0.1]]),
+            _test(130.0, "", 10.0),
+        ],
+        "gw0",
+    )
     _write(tmp_path, "tests", [_test(140.0, "x", 35.0, worker="gw1"), _test(230.0, "x", 25.0, worker="gw1")], "gw1")
     _write(tmp_path, "tests", [_test(125.0, "y", 9.0, session=2)], "other")  # another session, in the same folder
     b = time_budget.budget(tmp_path, session=1)
     _adds_up(b)
     x = b.rows[("x", 1)]
-    assert (x["tests"], x["pool start"], x["compiles"], x["layer builds"], x["cases"], x["checks"], x["total"]) == \
-        pytest.approx((3, 5.0, 3.9, 0.4, 2.0, 3.0, 80.0))
+    assert (
+        x["tests"],
+        x["pool start"],
+        x["compiles"],
+        x["layer builds"],
+        x["cases"],
+        x["checks"],
+        x["total"],
+    ) == pytest.approx((3, 5.0, 3.9, 0.4, 2.0, 3.0, 80.0))
     # 50 s, the busiest worker 35 s; the second session wrote no end: it lasts to its last test (30 s, all in it)
     assert (b.wall, b.busy, b.startup) == pytest.approx((80.0, 60.0, 7.0)) and ("y", 1) not in b.rows
     assert time_budget.budget(tmp_path, since=190.0, session=1).rows.keys() == {("x", 1)}
@@ -116,8 +150,11 @@ def compiling_reference():
         from fixtures.flashinfer import cute_dsl_cache as cache
 
         first = ctx.rank == 0
-        for key, n in ({"requests": 1, "compiled": 1, "compile_ms": 3000} if first else
-                       {"requests": 1, "from_file": 1, "waited": 1, "wait_ms": 2000, "compile_ms": 2500}).items():
+        for key, n in (
+            {"requests": 1, "compiled": 1, "compile_ms": 3000}
+            if first
+            else {"requests": 1, "from_file": 1, "waited": 1, "wait_ms": 2000, "compile_ms": 2500}
+        ).items():
             cache.COUNTS[key] += n
         return impl.build(ctx, layer, w13, w2)
 
@@ -138,22 +175,47 @@ def test_the_ranks_cute_dsl_compiles_reach_the_tests_record():
     scenario = Scenario(layer, (BatchCase(tokens=(3,) * 4, seed=2),), 4)
     time_spent.take()
     run_scenario(subject, scenario)
-    assert time_spent.take()["cute_dsl"] == {"requests": 4, "compiled": 1, "from_file": 3, "waited": 3,
-                                              "compile_ms": 3000 + 3 * 2500, "wait_ms": 3 * 2000}
+    assert time_spent.take()["cute_dsl"] == {
+        "requests": 4,
+        "compiled": 1,
+        "from_file": 3,
+        "waited": 3,
+        "compile_ms": 3000 + 3 * 2500,
+        "wait_ms": 3 * 2000,
+    }
     run_scenario(subject, scenario)
     assert time_spent.take()["cute_dsl"] == {}
 
 
 def test_the_budget_says_what_the_cute_dsl_compiles_came_to(tmp_path):
-    _write(tmp_path, "tests", [_test(10.0, "x", 5.0, cute_dsl={"requests": 4, "compiled": 1, "from_file": 3,
-                                                                "waited": 3, "compile_ms": 10500, "wait_ms": 6000}),
-                               _test(20.0, "x", 5.0, cute_dsl={"requests": 5, "compiled": 3, "from_file": 2, "compile_ms": 4000}),
-                               _test(30.0, "", 1.0)])
+    _write(
+        tmp_path,
+        "tests",
+        [
+            _test(
+                10.0,
+                "x",
+                5.0,
+                cute_dsl={
+                    "requests": 4,
+                    "compiled": 1,
+                    "from_file": 3,
+                    "waited": 3,
+                    "compile_ms": 10500,
+                    "wait_ms": 6000,
+                },
+            ),
+            _test(20.0, "x", 5.0, cute_dsl={"requests": 5, "compiled": 3, "from_file": 2, "compile_ms": 4000}),
+            _test(30.0, "", 1.0),
+        ],
+    )
     lines = time_budget.text_lines(time_budget.budget(tmp_path))
-    assert lines[-1] == ("CuTe DSL kernels (every process's compile requests): 9 asked, 4 compiled, 5 read from the "
-                         "cache folder (3 after waiting for another process's compile), 0 waits given up, 0 compiled "
-                         "without a lock; the rest were in memory. 14.5 s in compile steps, 6.0 s of it waiting "
-                         "(summed over processes)"), lines
+    assert lines[-1] == (
+        "CuTe DSL kernels (every process's compile requests): 9 asked, 4 compiled, 5 read from the "
+        "cache folder (3 after waiting for another process's compile), 0 waits given up, 0 compiled "
+        "without a lock; the rest were in memory. 14.5 s in compile steps, 6.0 s of it waiting "
+        "(summed over processes)"
+    ), lines
     assert lines[-1] in time_budget.markdown_table(tmp_path)
     _write(tmp_path / "cpu", "tests", [_test(10.0, "x", 5.0)])  # no CuTe DSL in the run: no line
     assert time_budget.text_lines(time_budget.budget(tmp_path / "cpu"))[-1].startswith("session: ")
@@ -161,17 +223,50 @@ def test_the_budget_says_what_the_cute_dsl_compiles_came_to(tmp_path):
 
 def test_the_budget_says_what_the_pools_warm_ups_came_to(tmp_path):
     _write(tmp_path, "tests", [_test(10.0, "x", 5.0, cute_dsl={"requests": 2, "compiled": 2, "compile_ms": 3000})])
-    _write(tmp_path, "warmups", [
-        {"time": 5.0, "session": 1, "world_size": 2, "cases": 4, "ok": True, "why": "", "rank_s": 30.0, "waited_s": 4.5,
-         "cute_dsl": {"requests": 8, "compiled": 8, "compile_ms": 20000}},
-        {"time": 8.0, "session": 1, "world_size": 4, "cases": 2, "ok": False, "why": "rank 1 raised", "rank_s": 2.0,
-         "waited_s": 0.5, "cute_dsl": {}},
-        {"time": 9.0, "session": 2, "world_size": 8, "cases": 9, "ok": True, "why": "", "rank_s": 99.0,
-         "waited_s": 9.0}])  # another session's
+    _write(
+        tmp_path,
+        "warmups",
+        [
+            {
+                "time": 5.0,
+                "session": 1,
+                "world_size": 2,
+                "cases": 4,
+                "ok": True,
+                "why": "",
+                "rank_s": 30.0,
+                "waited_s": 4.5,
+                "cute_dsl": {"requests": 8, "compiled": 8, "compile_ms": 20000},
+            },
+            {
+                "time": 8.0,
+                "session": 1,
+                "world_size": 4,
+                "cases": 2,
+                "ok": False,
+                "why": "rank 1 raised",
+                "rank_s": 2.0,
+                "waited_s": 0.5,
+                "cute_dsl": {},
+            },
+            {
+                "time": 9.0,
+                "session": 2,
+                "world_size": 8,
+                "cases": 9,
+                "ok": True,
+                "why": "",
+                "rank_s": 99.0,
+                "waited_s": 9.0,
+            },
+        ],
+    )  # another session's
     lines = time_budget.text_lines(time_budget.budget(tmp_path, session=1))
-    assert lines[-2] == ("pool warm-ups (layers built ahead, beside other tests): 2 pools, 6 layers, 1 given up; "
-                         "32.0 s of warm-up (the slowest rank's, summed over pools), 5.0 s of it waited for by a first "
-                         "case (in pool start)"), lines
+    assert lines[-2] == (
+        "pool warm-ups (layers built ahead, beside other tests): 2 pools, 6 layers, 1 given up; "
+        "32.0 s of warm-up (the slowest rank's, summed over pools), 5.0 s of it waited for by a first "
+        "case (in pool start)"
+    ), lines
     assert lines[-1].startswith("CuTe DSL kernels (every process's compile requests): 10 asked, 10 compiled, "), lines
     _write(tmp_path / "cold", "tests", [_test(10.0, "x", 5.0)])  # no pool warmed: no line
     assert not any("warm-up" in line for line in time_budget.text_lines(time_budget.budget(tmp_path / "cold")))
@@ -186,9 +281,23 @@ def test_the_end_of_a_run_says_so_where_the_records_are_unreadable(tmp_path):
 def _folder(base: Path, name: str, seconds: float) -> Path:
     """A results folder whose reference-ep EP1 tests took ``seconds`` (and one case record, to be comparable)."""
     folder = base / name
-    _write(folder, "cases", [{"time": 1.0, "test": "t", "impl": "reference-ep", "ep": 1, "recipe": "r",
-                              "check": "oracle+textbook", "scenario": "{}", "seconds": 0.1,
-                              "metrics": [{"batch": 0, "rank": 0, "rel_l2": 0.001}]}])
+    _write(
+        folder,
+        "cases",
+        [
+            {
+                "time": 1.0,
+                "test": "t",
+                "impl": "reference-ep",
+                "ep": 1,
+                "recipe": "r",
+                "check": "oracle+textbook",
+                "scenario": "{}",
+                "seconds": 0.1,
+                "metrics": [{"batch": 0, "rank": 0, "rel_l2": 0.001}],
+            }
+        ],
+    )
     _write(folder, "session", [{"time": 0.0, "event": "start"}, {"time": seconds + 1, "event": "end"}])
     _write(folder, "tests", [_test(seconds, "reference-ep", seconds, case=seconds * 0.75)])
     return folder
@@ -202,8 +311,9 @@ def test_compare_runs_warns_of_a_grown_budget_and_stays_green(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "WARNING time budget of reference-ep EP1: 20.0 -> 40.0 s (x2.00" in out and "most in cases" in out, out
     assert "WARNING time budget of the session" in out and "verdict: no regression" in out, out
-    help_text = subprocess.run([sys.executable, "-m", "ci.compare_runs", "--help"], cwd=ROOT, capture_output=True,
-                               text=True).stdout
+    help_text = subprocess.run(
+        [sys.executable, "-m", "ci.compare_runs", "--help"], cwd=ROOT, capture_output=True, text=True
+    ).stdout
     assert "is a WARNING line, never a regression" in help_text
 
 
@@ -212,12 +322,15 @@ def test_two_clean_h200_runs_warn_of_nothing_in_either_order():
     assert budget_growth.growth(nightly, restructured) == [] and budget_growth.growth(restructured, nightly) == []
 
 
-@pytest.mark.parametrize("files, code, says", [
-    (None, cli.INPUT, "does not exist; give a results folder"),
-    ({}, cli.NOTHING_TESTED, "no test times"),
-    ({"tests-main.jsonl": '{"time": 1, "impl": \n'}, cli.INPUT, "holds a malformed record or JUnit file"),
-    ({"tests-main.jsonl": '{"time": 1}\n'}, cli.INPUT, "holds a malformed record or JUnit file"),
-])
+@pytest.mark.parametrize(
+    "files, code, says",
+    [
+        (None, cli.INPUT, "does not exist; give a results folder"),
+        ({}, cli.NOTHING_TESTED, "no test times"),
+        ({"tests-main.jsonl": '{"time": 1, "impl": \n'}, cli.INPUT, "holds a malformed record or JUnit file"),
+        ({"tests-main.jsonl": '{"time": 1}\n'}, cli.INPUT, "holds a malformed record or JUnit file"),
+    ],
+)
 def test_an_unusable_folder_gets_one_line_and_its_exit_code(tmp_path, files, code, says):
     folder = tmp_path / "run"
     for name, text in (files or {}).items():
@@ -225,8 +338,9 @@ def test_an_unusable_folder_gets_one_line_and_its_exit_code(tmp_path, files, cod
         (folder / name).write_text(text)
     if files == {}:
         folder.mkdir()
-    out = subprocess.run([sys.executable, "-m", "ci.time_budget", str(folder)], cwd=ROOT, capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "ci.time_budget", str(folder)], cwd=ROOT, capture_output=True, text=True
+    )
     assert out.returncode == code and says in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
 
 
@@ -240,4 +354,5 @@ def test_a_record_of_another_suite_version_is_not_compared_and_says_so(tmp_path)
     old = _folder(tmp_path, "old", 20.0)
     _write(tmp_path / "odd", "tests", [{"time": 5.0, "impl": "x"}])
     assert budget_growth.growth(old, tmp_path / "odd") == [
-        "time budget not compared: a per-test or session record lacks a field ('ep')"]
+        "time budget not compared: a per-test or session record lacks a field ('ep')"
+    ]

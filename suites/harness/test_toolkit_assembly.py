@@ -2,6 +2,7 @@
 network, no nvcc): the check names each piece a toolkit lacks (libnvrtc.so too: the push_cuda GEMM failed to link on
 ``cannot find -lnvrtc`` when the check did not look for it, reference.evidence.AOT_BUILT_ON_CPU), and the
 builder assembles a toolkit of its own from a bare nvcc's tree and the wheels."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,11 @@ from ci import cli
 from fixtures.shared_objects import CC, FAKE_CUDA_H, compile_so
 from tools import driver_stub, toolkit_assembly, toolkit_check
 
-pytestmark = [pytest.mark.harness, pytest.mark.cpu,
-              pytest.mark.skipif(CC is None, reason="no C compiler (cc/gcc) to build the stand-in libraries")]
+pytestmark = [
+    pytest.mark.harness,
+    pytest.mark.cpu,
+    pytest.mark.skipif(CC is None, reason="no C compiler (cc/gcc) to build the stand-in libraries"),
+]
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = sum(len(calls) for calls in jit_modules.calls(installed_version()).values())
 # a FlashInfer ninja file's link variable, as its JitSpec writes it for push_cuda's GEMM (extra ldflags -lnvrtc -lcuda)
@@ -71,8 +75,13 @@ def _wheels(folder: Path, nvrtc: bool = True) -> Path:
     (cu13 / "lib").mkdir()
     for header in ("cuda.h", "cuda_runtime.h", "cublasLt.h", "nvrtc.h", "curand_kernel.h"):
         (cu13 / "include" / header).write_text(FAKE_CUDA_H if header == "cuda.h" else "")
-    for library in ("libcudart.so.13", "libcublas.so.13", "libcurand.so.10", "libnvrtc-builtins.so.13.0",
-                    *(["libnvrtc.so.13"] if nvrtc else [])):
+    for library in (
+        "libcudart.so.13",
+        "libcublas.so.13",
+        "libcurand.so.10",
+        "libnvrtc-builtins.so.13.0",
+        *(["libnvrtc.so.13"] if nvrtc else []),
+    ):
         (cu13 / "lib" / library).write_text("")
     (folder / "wheels" / toolkit_assembly.INSTALLED).write_text("\n".join(toolkit_assembly.PINS[13]) + "\n")
     return folder
@@ -98,8 +107,10 @@ def test_the_check_names_each_header_and_a_stub_that_defines_nothing(tmp_path):
     tree = _tree(tmp_path / "cuda", ("cuda_runtime.h", "nvrtc.h"), ("libcudart.so", "libnvrtc.so"))
     compile_so(tree / "lib64" / "stubs", "libcuda.so", "", soname="libcuda.so.1")
     lacks = toolkit_check.missing(tree, toolkit_check.links({"m": NINJA}))
-    assert lacks[:2] == [f"{tree}/include/cublasLt.h: from the nvidia-cublas wheel's include folder",
-                         f"{tree}/include/curand_kernel.h: from the nvidia-curand wheel's include folder"], lacks
+    assert lacks[:2] == [
+        f"{tree}/include/cublasLt.h: from the nvidia-cublas wheel's include folder",
+        f"{tree}/include/curand_kernel.h: from the nvidia-curand wheel's include folder",
+    ], lacks
     assert len(lacks) == 3 and "libcuda.so defines no driver symbol (cuGetErrorString)" in lacks[2], lacks
 
 
@@ -114,8 +125,11 @@ def test_a_library_found_after_the_toolkit_folders_counts(tmp_path):
 
 def _snapshot(root: Path, leave_out: tuple[Path, ...]) -> dict[str, str | bytes]:
     """Every path under ``root`` outside ``leave_out``: a link's target, else a file's bytes (a folder: "")."""
-    return {str(p.relative_to(root)): os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else ""
-            for p in root.rglob("*") if not any(p.is_relative_to(f) for f in leave_out)}
+    return {
+        str(p.relative_to(root)): os.readlink(p) if p.is_symlink() else p.read_bytes() if p.is_file() else ""
+        for p in root.rglob("*")
+        if not any(p.is_relative_to(f) for f in leave_out)
+    }
 
 
 @pytest.mark.parametrize("shape", ["cudart", "bare", "empty-stub"])
@@ -150,8 +164,10 @@ def test_the_wheels_are_installed_once_and_a_pip_failure_is_one_line(tmp_path):
     pip.chmod(0o755)
     with pytest.raises(toolkit_assembly.AssemblyError) as err:
         toolkit_assembly.install_wheels(folder / "wheels", ("nvidia-cublas==0",), python=str(pip))
-    assert str(err.value) == (f"pip could not install nvidia-cublas==0 into {folder / 'wheels'}: "
-                              "ERROR: No matching distribution found for nvidia-cublas==0"), err.value
+    assert str(err.value) == (
+        f"pip could not install nvidia-cublas==0 into {folder / 'wheels'}: "
+        "ERROR: No matching distribution found for nvidia-cublas==0"
+    ), err.value
 
 
 def test_assembly_refuses_an_nvcc_of_another_cuda_major(tmp_path):
@@ -162,10 +178,22 @@ def test_assembly_refuses_an_nvcc_of_another_cuda_major(tmp_path):
 
 
 def _builder(tmp_path: Path, cuda_home: Path, toolkit: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CUDA_HOME": str(cuda_home), "PYTHONPATH": str(ROOT), "CXX": "false", "MAX_JOBS": "1",
-           "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws")}
-    return subprocess.run([sys.executable, "-m", "tools.build_jit_modules", "--out", str(tmp_path / "x.tgz"),
-                           "--toolkit", str(toolkit)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "CUDA_HOME": str(cuda_home),
+        "PYTHONPATH": str(ROOT),
+        "CXX": "false",
+        "MAX_JOBS": "1",
+        "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws"),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "tools.build_jit_modules", "--out", str(tmp_path / "x.tgz"), "--toolkit", str(toolkit)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_the_builder_assembles_from_a_bare_nvcc_and_checks_what_the_modules_link(tmp_path):

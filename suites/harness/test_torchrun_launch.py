@@ -4,6 +4,7 @@ on the CPU, with reference-ep and two faulty implementations, in a results folde
 One launch (``launch``) runs the EP-invariance test for the three and the probes of suites/harness/torchrun_probe.py;
 a second, with ``MOE_COLLECTIVE_TIMEOUT=3``, leaves rank 1 asleep in a forward. Each launch is bounded (300 s).
 """
+
 from __future__ import annotations
 
 import os
@@ -28,26 +29,64 @@ SCALED = "torchrun_probe:ep_dependent_scale"  # wrong only in how EP1 and EP2 di
 
 
 def _torchrun_pytest(args: list[str], out: Path, **env_extra: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("MOE_POOL_", "TORCHELASTIC", "PYTEST_", "MOE_CONFORMANCE_", "MOE_RESULTS_DIR"))}
-    env.update(PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "suites" / "harness")]), MOE_WORKERS="0",
-               TORCHRUN_PROBE_DIR=str(out), **env_extra)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--tee", "3",
-           "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "--ep", "2", *args]
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MOE_POOL_", "TORCHELASTIC", "PYTEST_", "MOE_CONFORMANCE_", "MOE_RESULTS_DIR"))
+    }
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "suites" / "harness")]),
+        MOE_WORKERS="0",
+        TORCHRUN_PROBE_DIR=str(out),
+        **env_extra,
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "--tee",
+        "3",
+        "-m",
+        "pytest",
+        "-q",
+        "-rA",
+        "-p",
+        "no:cacheprovider",
+        "--ep",
+        "2",
+        *args,
+    ]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
 def _rank_lines(result: subprocess.CompletedProcess, rank: int) -> str:
-    return "\n".join(line.split(":", 1)[1] for line in result.stdout.splitlines() if line.startswith(f"[default{rank}]:"))
+    return "\n".join(
+        line.split(":", 1)[1] for line in result.stdout.splitlines() if line.startswith(f"[default{rank}]:")
+    )
 
 
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory):
     out = tmp_path_factory.mktemp("torchrun")
-    result = _torchrun_pytest([PROBE, INVARIANCE,
-                               "--impl", "reference-ep", "--impl", "faulty:rank_zeroed", "--impl", SCALED,
-                               "--results-dir", str(out / "results"), "--junitxml", str(out / "results" / "junit.xml")],
-                              out)
+    result = _torchrun_pytest(
+        [
+            PROBE,
+            INVARIANCE,
+            "--impl",
+            "reference-ep",
+            "--impl",
+            "faulty:rank_zeroed",
+            "--impl",
+            SCALED,
+            "--results-dir",
+            str(out / "results"),
+            "--junitxml",
+            str(out / "results" / "junit.xml"),
+        ],
+        out,
+    )
     return result, out
 
 
@@ -91,11 +130,14 @@ def test_ep_invariance_is_compared_with_ep1_on_each_rank(launch):
 
 
 def test_a_stuck_rank_is_named_by_rank_case_and_phase(tmp_path):
-    result = _torchrun_pytest([PROBE, "-k", "stuck", "--impl", "reference-ep"], tmp_path,
-                              MOE_COLLECTIVE_TIMEOUT="3", TORCHRUN_PROBE_HANG="1")
+    result = _torchrun_pytest(
+        [PROBE, "-k", "stuck", "--impl", "reference-ep"], tmp_path, MOE_COLLECTIVE_TIMEOUT="3", TORCHRUN_PROBE_HANG="1"
+    )
     assert result.returncode != 0
-    assert ("RankFailure: case reference-ep/EP2/" in result.stdout
-            and "no answer from rank 1 (last phase: batch 0 forward" in result.stdout), result.stdout[-3000:]
+    assert (
+        "RankFailure: case reference-ep/EP2/" in result.stdout
+        and "no answer from rank 1 (last phase: batch 0 forward" in result.stdout
+    ), result.stdout[-3000:]
 
 
 def test_the_backend_is_the_subjects_own():

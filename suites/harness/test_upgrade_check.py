@@ -1,5 +1,6 @@
 """ci/upgrade_check.py on CPU, between the two FlashInfer versions ci/setup.sh installs (.venv-fi-0.7.2.post1
 and .venv): the API comparison of two published versions, with no GPU cases."""
+
 from __future__ import annotations
 
 import sys

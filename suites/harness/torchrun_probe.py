@@ -4,6 +4,7 @@ tests there (``torchrun_probe:ep_dependent_scale``, with this folder on PYTHONPA
 
 ``TORCHRUN_PROBE_DIR`` names a folder for what the tests leave for the outer test to read.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,8 +29,14 @@ HANG = os.environ.get("TORCHRUN_PROBE_HANG") == "1"
 # ep_dependent_scale: each EP size within its tolerance of the oracle (relative L2 0.006 < 0.01), EP1 and EP > 1
 # 2 * 0.006 / 1.006 = 0.0119 apart (> 0.01): a fault only the EP-invariance comparison sees.
 SCALE = 0.006
-LOOSE = Tolerance(rel_l2=0.01, cosine=0.999, row_rel_l2=0.01, band_c=1e9, textbook_rel_l2=1.0,
-                  reason="what ep_dependent_scale is held to: 0.01 relative L2, per token too")
+LOOSE = Tolerance(
+    rel_l2=0.01,
+    cosine=0.999,
+    row_rel_l2=0.01,
+    band_c=1e9,
+    textbook_rel_l2=1.0,
+    reason="what ep_dependent_scale is held to: 0.01 relative L2, per token too",
+)
 
 
 class _Scaled:
@@ -50,8 +57,9 @@ def ep_dependent_scale() -> Implementation:
     def build(ctx, layer_case, w13, w2):
         return _Scaled(inner.build(ctx, layer_case, w13, w2), 1 + SCALE if ctx.world_size == 1 else 1 - SCALE)
 
-    return Implementation(name="ep-dependent-scale", build=build,
-                          capabilities=dataclasses.replace(inner.capabilities, tolerance=LOOSE))
+    return Implementation(
+        name="ep-dependent-scale", build=build, capabilities=dataclasses.replace(inner.capabilities, tolerance=LOOSE)
+    )
 
 
 def _small(subject: Subject, seed: int) -> Scenario:

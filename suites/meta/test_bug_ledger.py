@@ -5,6 +5,7 @@ Rule: at least ``CPU_RATE_FLOOR`` (90%) of the applicable rows caught. Today 26 
 swiglu_parameterized_alpha_bias_missing (no recipe declares SwiGLU alpha/beta). Each search draws small layers
 (``SMALL``) through the generic strategies, derandomized, at most ``LEDGER_EXAMPLES`` examples.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -57,9 +58,15 @@ def _search(spec: str, check: str, examples: int) -> tuple[ConformanceFailure | 
     single = CHECKS[check].single_batch
     ran = []
 
-    @settings(max_examples=examples, derandomize=True, database=None, deadline=None,
-              phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.explicit, Phase.generate],
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def search(data, seed):
         ran.append(1)
@@ -92,7 +99,9 @@ def test_the_table_is_complete():
         assert r.gpu == bug_ledger.GPU_WAITS, f"{r.id}: no GPU wrapper has run: its GPU status waits for a GPU"
         assert r.check != "routing" or r.fault is None, f"{r.id}: a routing-op row has no layer fault"
     drawn = {d for r in bug_ledger.applicable() for d in r.dimensions}
-    assert drawn <= set(bug_ledger.DIMENSIONS), f"dimensions no strategy accounts for: {drawn - set(bug_ledger.DIMENSIONS)}"
+    assert drawn <= set(bug_ledger.DIMENSIONS), (
+        f"dimensions no strategy accounts for: {drawn - set(bug_ledger.DIMENSIONS)}"
+    )
 
 
 CAUGHT_ROWS = [r for r in bug_ledger.LEDGER if r.fault]
@@ -101,10 +110,13 @@ CAUGHT_ROWS = [r for r in bug_ledger.LEDGER if r.fault]
 @pytest.mark.parametrize("row", CAUGHT_ROWS, ids=lambda r: r.id)
 def test_row_is_caught_by_its_check(row):
     failure, examples = _search(f"faulty:{row.fault}", row.check, LEDGER_EXAMPLES)
-    assert failure is not None, (f"{row.id}: fault {row.fault!r} ({FAULTS[row.fault]}) passed {row.check} in "
-                                 f"{examples} drawn examples")
+    assert failure is not None, (
+        f"{row.id}: fault {row.fault!r} ({FAULTS[row.fault]}) passed {row.check} in {examples} drawn examples"
+    )
     label = str(failure).split("]", 1)[0].lstrip("[")
-    assert label in _accepted(row.check), f"{row.id}: caught by [{label}], the row says {row.check}: {str(failure)[:300]}"
+    assert label in _accepted(row.check), (
+        f"{row.id}: caught by [{label}], the row says {row.check}: {str(failure)[:300]}"
+    )
     line = f"ledger row {row.id}: fault {row.fault} caught by [{label}] after {examples} example(s)"
     results.summary(line)
     print(line)
@@ -124,8 +136,10 @@ def test_the_clean_reference_passes_the_same_check(check, spec):
 def test_the_cpu_rate_is_computed_from_the_table_and_shown_in_the_docs():
     caught, applicable, misses = bug_ledger.cpu_rate()
     rate = caught / applicable
-    assert rate >= bug_ledger.CPU_RATE_FLOOR, (f"{caught}/{applicable} applicable rows caught, below "
-                                               f"{bug_ledger.CPU_RATE_FLOOR:.0%}; misses: {[r.id for r in misses]}")
+    assert rate >= bug_ledger.CPU_RATE_FLOOR, (
+        f"{caught}/{applicable} applicable rows caught, below "
+        f"{bug_ledger.CPU_RATE_FLOOR:.0%}; misses: {[r.id for r in misses]}"
+    )
     page = (ROOT / "docs/bug-ledger.md").read_text()
     assert f"{caught} of {applicable}" in page and all(r.id in page for r in misses), "run python -m tools.gen_docs"
     readme = (ROOT / "README.md").read_text()

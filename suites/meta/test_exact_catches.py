@@ -2,6 +2,7 @@
 check catches what the statistics (check_oracle: noise bounds and systematic bounds) do not on the same few tokens
 a rank: a uniform 0.1% scale, 1% on one expert, one weight one grid step off, a half-away FC2-input rounding and
 routing weights rounded to bf16. Both facts are asserted."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,8 +32,11 @@ def _cases():
         for fault in FAULTS:
             if fault == "fc2_round_half_away" and KERNEL_RECIPES[recipe].fc2_in.kind != "fp8":
                 continue  # no FP8 FC2 input to round
-            marks = [pytest.mark.xfail(strict=True, reason="outside what the exact case sees")] \
-                if (recipe, fault) in BLIND else []
+            marks = (
+                [pytest.mark.xfail(strict=True, reason="outside what the exact case sees")]
+                if (recipe, fault) in BLIND
+                else []
+            )
             yield pytest.param(recipe, fault, id=f"{recipe}-{fault}", marks=marks)
 
 

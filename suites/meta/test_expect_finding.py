@@ -1,5 +1,6 @@
 """The finding mechanism must itself be able to fail: a declared finding that no longer reproduces
 fails the run, an undeclared misbehaviour fails it, a declared one still seen is an expected failure."""
+
 from __future__ import annotations
 
 import pytest

@@ -4,6 +4,7 @@ Each fault runs the same generic checks the conformance suite runs (``run_checks
 hypothesis-drawn scenarios, under the SM90 FP8 kernels' tolerance, and must turn red. The check that
 caught it is printed in the run's summary.
 """
+
 from __future__ import annotations
 
 import shlex
@@ -50,9 +51,15 @@ def _search(fault: str, names=None, inner: str = "") -> tuple[ConformanceFailure
     examples = []
     single = names is not None and all(CHECKS[n].single_batch for n in names)
 
-    @settings(max_examples=MAX_EXAMPLES, derandomize=True, database=None, deadline=None,
-              phases=[Phase.explicit, Phase.generate], report_multiple_bugs=False,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.explicit, Phase.generate],
+        report_multiple_bugs=False,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def generic_checks(data, seed):
         examples.append(1)
@@ -62,17 +69,25 @@ def _search(fault: str, names=None, inner: str = "") -> tuple[ConformanceFailure
     with pytest.raises(BaseException) as info:
         generic_checks()
     failure = _find_failure(info.value)
-    assert failure is not None, f"{fault} ({FAULTS[fault]}) was not caught by {names or 'a conformance check'}: " \
-                                f"{info.value!r}"
+    assert failure is not None, (
+        f"{fault} ({FAULTS[fault]}) was not caught by {names or 'a conformance check'}: {info.value!r}"
+    )
     return failure, len(examples)
 
 
 # Each check alone, against a fault it is there to catch: its own printed reproduction must fail again.
-CHECK_FAULTS = {"textbook": "gate_up_swapped", "repeat-determinism": "accumulate_twice", "systematic": "scale_1e-3",
-                "permutation": "last_token_unwritten", "relabel": "experts_off_by_one",
-                "history": "accumulate_into_output", "exact": "routing_weights_bf16",
-                "linearity": "weights_renormalized", "continuity": "ue8m0_fc2_scale",
-                "scale-equivariance": "global_scale_ignored"}
+CHECK_FAULTS = {
+    "textbook": "gate_up_swapped",
+    "repeat-determinism": "accumulate_twice",
+    "systematic": "scale_1e-3",
+    "permutation": "last_token_unwritten",
+    "relabel": "experts_off_by_one",
+    "history": "accumulate_into_output",
+    "exact": "routing_weights_bf16",
+    "linearity": "weights_renormalized",
+    "continuity": "ue8m0_fc2_scale",
+    "scale-equivariance": "global_scale_ignored",
+}
 
 
 def test_every_registered_check_has_a_fault_it_catches_alone():
@@ -142,8 +157,14 @@ def test_reference_ep_itself_passes_the_same_search():
     """The control: the same search over the correct implementation finds nothing."""
     subject = Subject("reference-ep", load("reference-ep"), META_EP)
 
-    @settings(max_examples=10, derandomize=True, database=None, deadline=None,
-              phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=10,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.explicit, Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def generic_checks(data, seed):
         run_checks(subject, data.draw(scenarios(subject.caps, META_EP)), seed)

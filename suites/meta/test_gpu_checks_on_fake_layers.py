@@ -1,6 +1,7 @@
 """The GPU behaviour checks for findings F6 and F7, run on CPU against fake layers: a correct fake passes,
 a fake with the defect fails (or is the expected failure where the descriptor declares the finding), and a
 declared finding that no longer shows fails the run."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,10 +53,14 @@ def _descriptor(*findings):
 MASKED_KEY = next((k for k in MASKED_ID_FINDINGS if findings.applies(k)), "F6")
 
 
-@pytest.mark.parametrize("check, defect, key", [
-    (behaviour.check_masked_routes, dict(skip_first_masked=True), MASKED_KEY),
-    (behaviour.check_default_warmup_after_a_forward, dict(warmup_raises=True), "F7"),
-], ids=["masked-routes", "default-warmup"])
+@pytest.mark.parametrize(
+    "check, defect, key",
+    [
+        (behaviour.check_masked_routes, dict(skip_first_masked=True), MASKED_KEY),
+        (behaviour.check_default_warmup_after_a_forward, dict(warmup_raises=True), "F7"),
+    ],
+    ids=["masked-routes", "default-warmup"],
+)
 def test_the_check_sees_the_defect(check, defect, key):
     check((_descriptor(), CASE, FakeLayer()))  # correct fake, nothing declared: passes
     with pytest.raises(AssertionError):  # defect, nothing declared: fails

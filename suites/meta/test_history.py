@@ -1,6 +1,7 @@
 """A kernel whose output depends on its earlier calls is named for what it is (fixtures.history): the generic suite
 fails it as ``[history]`` within seconds, past hypothesis (no shrinking, no FlakyFailure), with a reproduction that
 fails again; a plain fault on a layer with a history stays its own check; a clean layer never triggers it."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -65,7 +66,9 @@ def test_the_generic_suite_names_it_within_seconds_and_its_reproduction_fails_ag
         generic.test_matches_reference(subject)
     seconds = time.monotonic() - started
     text = str(caught.value)
-    assert text.startswith(f"[history] {FAULT} at EP{ep}: the output depends on the layer's earlier calls: batch "), text
+    assert text.startswith(f"[history] {FAULT} at EP{ep}: the output depends on the layer's earlier calls: batch "), (
+        text
+    )
     assert "passes on a fresh layer; it differs from the fresh layer's output by max |diff|" in text, text
     assert seconds < CAUGHT_WITHIN_S, f"named after {seconds:.1f} s (bound {CAUGHT_WITHIN_S} s)"
     print(f"EP{ep}: [history] after {seconds:.1f} s")
@@ -77,8 +80,9 @@ def test_the_generic_suite_names_it_within_seconds_and_its_reproduction_fails_ag
         assert verdicts[0][2].startswith(f"[history] {FAULT} at EP1: "), verdicts[0][2]
         return
     again = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 1 and f"FAIL history: [history] {FAULT} at EP{ep}" in again.stdout, \
+    assert again.returncode == 1 and f"FAIL history: [history] {FAULT} at EP{ep}" in again.stdout, (
         again.stdout[-2000:] + again.stderr[-2000:]
+    )
 
 
 @pytest.mark.parametrize("ep", [1, 2])

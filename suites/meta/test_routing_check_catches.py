@@ -4,6 +4,7 @@ A fake op built from ``reference.routing`` (its weights rounded to the op's outp
 the kernel; each fault below is one real way routing kernels go wrong. Each must fail on at least one
 of the fixed cases; the correct fake must pass all of them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,17 +20,40 @@ from reference.routing import route, stable_topk, sum_normalize
 pytestmark = [pytest.mark.meta, pytest.mark.cpu]
 
 OP = BY_NAME["fused_topk_deepseek"]  # the descriptor the cases are drawn for; the fake replaces its call
-BASE = RoutingCase(op=OP.name, method="DeepSeekV3", dtype="float32", tokens=64, experts=64, top_k=4,
-                   n_group=8, topk_group=4, routed_scaling_factor=2.5, biased=True, pattern="grid", seed=3)
-CASES = [BASE, dataclasses.replace(BASE, pattern="ties"), dataclasses.replace(BASE, pattern="underflow"),
-         dataclasses.replace(BASE, dtype="bfloat16", pattern="all_negative"),
-         RoutingCase(op=OP.name, **routing_check.KEPT_GROUPS_BEYOND_FOUR),
-         RoutingCase(op=OP.name, **routing_check.GROUPS_BEYOND_EIGHT)]
+BASE = RoutingCase(
+    op=OP.name,
+    method="DeepSeekV3",
+    dtype="float32",
+    tokens=64,
+    experts=64,
+    top_k=4,
+    n_group=8,
+    topk_group=4,
+    routed_scaling_factor=2.5,
+    biased=True,
+    pattern="grid",
+    seed=3,
+)
+CASES = [
+    BASE,
+    dataclasses.replace(BASE, pattern="ties"),
+    dataclasses.replace(BASE, pattern="underflow"),
+    dataclasses.replace(BASE, dtype="bfloat16", pattern="all_negative"),
+    RoutingCase(op=OP.name, **routing_check.KEPT_GROUPS_BEYOND_FOUR),
+    RoutingCase(op=OP.name, **routing_check.GROUPS_BEYOND_EIGHT),
+]
 
 
 def _reference(logits, method, k, *, bias=None, n_group=None, topk_group=None, routed_scaling_factor=1.0):
-    return route(logits, method, k, bias=bias, n_group=n_group, topk_group=topk_group,
-                 routed_scaling_factor=routed_scaling_factor)
+    return route(
+        logits,
+        method,
+        k,
+        bias=bias,
+        n_group=n_group,
+        topk_group=topk_group,
+        routed_scaling_factor=routed_scaling_factor,
+    )
 
 
 def _largest_index_wins_ties(logits, method, k, *, bias=None, **kw):
@@ -107,6 +131,7 @@ def _as_op(router):
     def fake_call(op, logits, method, top_k, **kw):
         ids, w = router(logits.float(), method, top_k, **kw)
         return ids.long(), w.to(logits.dtype).float()  # the op's output dtype
+
     return fake_call
 
 
@@ -140,8 +165,10 @@ def test_a_wrong_router_is_caught(monkeypatch, fault):
 def test_a_crashing_op_is_reported_with_its_case(monkeypatch):
     """A CUDA fault surfaces as a RuntimeError (torch.AcceleratorError) at the op or at its first sync:
     the error names the case and how to rerun it alone, as a wrong answer would."""
+
     def crash(*a, **k):
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
     monkeypatch.setattr(routing_check, "call", crash)
     with pytest.raises(RuntimeError) as err:
         routing_check.check(CASES[-1], "cpu")

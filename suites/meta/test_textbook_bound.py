@@ -5,6 +5,7 @@ e4m3 maximum (448) once they grow past it: a kernel that rounds exactly as speci
 from the fp64 textbook (a scenario seen on the H200). The check must pass that kernel, still
 fail a wrong one on the same scenario, and keep the plain bound where the recipe does not saturate.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -29,7 +30,8 @@ SATURATING = Scenario.from_json(
     '{"batches":[{"bias_scale":0.0,"input_scale":4.0,"method":"TopK","n_group":null,"pattern":"hot_expert",'
     '"permute_seed":null,"routed_scaling_factor":1.0,"seed":186,"tokens":[33],"topk_group":null}],"ep_size":1,'
     '"labels":[],"layer":{"capacity":64,"clamp_limit":null,"expert_perm_seed":null,"hidden":64,'
-    '"intermediate":64,"num_experts":2,"top_k":1,"weight_kind":"randn","weight_seed":100}}')
+    '"intermediate":64,"num_experts":2,"top_k":1,"weight_kind":"randn","weight_seed":100}}'
+)
 IN_RANGE = Scenario.from_json(SATURATING.to_json().replace('"input_scale":4.0', '"input_scale":0.25'))
 
 
@@ -38,8 +40,14 @@ def _recipe_output(scenario: Scenario, swap_gate_up: bool = False):
     if swap_gate_up:
         w13 = _swap_gate_up(w13)
     batch = make_batch(scenario.layer, scenario.batches[0], 1)
-    terms, _ = moe_terms(batch.hidden_states, batch.topk_ids, batch.topk_weights, prepare_weights(w13, w2, RECIPE),
-                         RECIPE, with_magnitude=True)
+    terms, _ = moe_terms(
+        batch.hidden_states,
+        batch.topk_ids,
+        batch.topk_weights,
+        prepare_weights(w13, w2, RECIPE),
+        RECIPE,
+        with_magnitude=True,
+    )
     return combine_terms(terms, RECIPE)
 
 

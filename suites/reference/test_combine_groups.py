@@ -1,5 +1,6 @@
 """reference.moe's combine by owner rank (``combine_groups="owner_rank"``, the SM90 push kernel's
 grouped combine): what it must equal, where it must differ, and the shape of its output."""
+
 from __future__ import annotations
 
 import pytest
@@ -57,8 +58,9 @@ def test_grouping_moves_the_output_by_about_one_wire_rounding_and_only_with_seve
     gap = relative_l2(moe_reference(x, ids, w, w13, w2, GROUPED), moe_reference(x, ids, w, w13, w2, PER_ROUTE))
     assert 0.01 < gap < 0.06
     one = ids[:, :1]
-    assert torch.equal(moe_reference(x, one, w[:, :1], w13, w2, GROUPED),
-                       moe_reference(x, one, w[:, :1], w13, w2, PER_ROUTE))
+    assert torch.equal(
+        moe_reference(x, one, w[:, :1], w13, w2, GROUPED), moe_reference(x, one, w[:, :1], w13, w2, PER_ROUTE)
+    )
 
 
 def test_owner_rank_combine_needs_the_owners():

@@ -1,5 +1,6 @@
 """reference.exact_cases: an exact case for every recipe, or one clear error naming the step; on the cases built,
 the recipe oracle, the fp64 textbook and the recipe computed in other orders and precisions agree bit for bit."""
+
 from __future__ import annotations
 
 import pytest
@@ -21,14 +22,15 @@ def _case(name: str, top_k: int = 2, tokens=TOKENS, seed: int = 5):
     recipe = RECIPES[name]
     recipe = recipe.with_(clamp_limit=exact_cases.exact_clamp(recipe))
     w13, w2 = exact_cases.exact_weights(recipe, SHAPE["num_experts"], SHAPE["hidden"], SHAPE["inter"], seed)
-    x, ids, w = exact_cases.exact_inputs(recipe, SHAPE["num_experts"], SHAPE["hidden"], SHAPE["inter"], top_k,
-                                         tokens, seed)
+    x, ids, w = exact_cases.exact_inputs(
+        recipe, SHAPE["num_experts"], SHAPE["hidden"], SHAPE["inter"], top_k, tokens, seed
+    )
     return recipe, w13, w2, x, ids, w
 
 
 def _round_bits(x: torch.Tensor, bits: int) -> torch.Tensor:
     mantissa, exponent = torch.frexp(x)
-    return torch.ldexp(torch.round(mantissa * 2.0 ** bits) / 2.0 ** bits, exponent.float())
+    return torch.ldexp(torch.round(mantissa * 2.0**bits) / 2.0**bits, exponent.float())
 
 
 def _short_accumulator_mm(a, b, *, with_magnitude=False):
@@ -47,7 +49,9 @@ def _other_orders(monkeypatch):
     monkeypatch.setattr(megamoe_gemm, "fma32", lambda a, b, c: a.float() * b.float() + c.float())
     monkeypatch.setattr(moe, "_sigmoid", lambda g: 0.5 * (1 + torch.tanh(0.5 * g)))
     combine = moe.combine_terms
-    monkeypatch.setattr(moe, "combine_terms", lambda t, r, o=None: combine(t.flip(1), r, None if o is None else o.flip(1)))
+    monkeypatch.setattr(
+        moe, "combine_terms", lambda t, r, o=None: combine(t.flip(1), r, None if o is None else o.flip(1))
+    )
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
@@ -70,7 +74,11 @@ def test_the_other_orders_do_differ_on_a_drawn_case(monkeypatch):
     recipe = RECIPES["sm90_pull_fp8_blockwise"]
     gen = torch.Generator().manual_seed(0)
     w13, w2 = torch.randn(4, 64, 32, generator=gen).bfloat16(), torch.randn(4, 32, 32, generator=gen).bfloat16()
-    x, ids, w = torch.randn(6, 32, generator=gen).bfloat16(), torch.randint(0, 4, (6, 2), generator=gen), torch.rand(6, 2)
+    x, ids, w = (
+        torch.randn(6, 32, generator=gen).bfloat16(),
+        torch.randint(0, 4, (6, 2), generator=gen),
+        torch.rand(6, 2),
+    )
     want = moe.moe_reference(x, ids, w, w13, w2, recipe)
     _other_orders(monkeypatch)
     assert not torch.equal(moe.moe_reference(x, ids, w, w13, w2, recipe), want)
@@ -81,8 +89,9 @@ def test_a_broken_construction_is_caught(monkeypatch):
     the short accumulator then disagrees, so the agreement test can fail."""
     recipe, w13, w2, x, ids, w = _case("sm90_pull_bf16")
     x = x.clone()
-    x[:, 1::exact_cases.GROUP] = (torch.randn(x.shape[0], x.shape[1] // exact_cases.GROUP,
-                                              generator=torch.Generator().manual_seed(3)) * 3).bfloat16()
+    x[:, 1 :: exact_cases.GROUP] = (
+        torch.randn(x.shape[0], x.shape[1] // exact_cases.GROUP, generator=torch.Generator().manual_seed(3)) * 3
+    ).bfloat16()
     with pytest.raises(ExactCaseError, match="combine"):  # the construction's own check sees it first
         exact_cases.verify(recipe, w13, w2, x, ids, w)
     want = moe.moe_reference(x, ids, w, w13, w2, recipe)
@@ -97,8 +106,16 @@ def test_routing_weights_need_fp32():
     assert 0.5 < lost.float().mean() < 0.8 and bool(torch.equal(w.double().float(), w))
 
 
-@pytest.mark.parametrize("name", ["sm90_pull_fp8_blockwise", "sm90_pull_fp8_per_tensor", "sm90_push_fp8",
-                                  "sm90_pull_fp8_mxfp4", "megamoe_mxfp4_fused"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "sm90_pull_fp8_blockwise",
+        "sm90_pull_fp8_per_tensor",
+        "sm90_push_fp8",
+        "sm90_pull_fp8_mxfp4",
+        "megamoe_mxfp4_fused",
+    ],
+)
 def test_bf16_routing_weights_change_the_output_after_the_placement(name):
     recipe, w13, w2, x, ids, w = _case(name, tokens=(8, 8))
     want = exact_cases.verify(recipe, w13, w2, x, ids, w, ep_size=2)
@@ -119,5 +136,5 @@ def test_what_cannot_be_exact_says_which_step():
 
 
 def test_a_combine_that_would_round_is_refused():
-    terms = torch.tensor([[[1.0], [2.0 ** -30]]])
+    terms = torch.tensor([[[1.0], [2.0**-30]]])
     assert exact_cases.combine_exact(torch.tensor([[[1.0], [0.5]]])) and not exact_cases.combine_exact(terms)

@@ -1,6 +1,7 @@
 """reference.exact_expert draws an exact case's expert with one generator call per matrix: the same weights, masks
 and generator state, bit for bit, as the construction drawn one integer at a time (written out here as the oracle),
 so every exact case keeps its weights."""
+
 from __future__ import annotations
 
 import itertools
@@ -63,8 +64,9 @@ def _w2_one_at_a_time(gen, hidden, inter, anchor, mults, matrix_anchor, data, li
     return m, mask
 
 
-GRIDS = list(itertools.product(exact_cases.ANCHOR_MANTISSAS[::3], exact_cases.MULTIPLIERS,
-                               exact_cases.MATRIX_ANCHORS[:2]))
+GRIDS = list(
+    itertools.product(exact_cases.ANCHOR_MANTISSAS[::3], exact_cases.MULTIPLIERS, exact_cases.MATRIX_ANCHORS[:2])
+)
 
 
 @pytest.mark.parametrize("hidden, inter", [(16, 16), (48, 32), (144, 80), (256, 128)])
@@ -74,10 +76,14 @@ def test_the_expert_is_the_one_drawn_one_integer_at_a_time(hidden, inter, live):
         anchor13, anchor2 = mantissa * exact_cases.D_W13, mantissa / 16
         m13, m2 = (None, None) if matrix is None else (matrix * exact_cases.D_W13, matrix / 16)
         want_gen, got_gen = exact_cases._gen(1000 * hidden + i), exact_cases._gen(1000 * hidden + i)
-        want = (*_w13_one_at_a_time(want_gen, hidden, inter, anchor13, mults, m13, exact_cases.D_W13),
-                *_w2_one_at_a_time(want_gen, hidden, inter, anchor2, mults[:2], m2, 1 / 16, live))
-        got = (*exact_expert.expert_w13(got_gen, hidden, inter, anchor13, mults, m13, exact_cases.D_W13),
-               *exact_expert.expert_w2(got_gen, hidden, inter, anchor2, mults[:2], m2, 1 / 16, live))
+        want = (
+            *_w13_one_at_a_time(want_gen, hidden, inter, anchor13, mults, m13, exact_cases.D_W13),
+            *_w2_one_at_a_time(want_gen, hidden, inter, anchor2, mults[:2], m2, 1 / 16, live),
+        )
+        got = (
+            *exact_expert.expert_w13(got_gen, hidden, inter, anchor13, mults, m13, exact_cases.D_W13),
+            *exact_expert.expert_w2(got_gen, hidden, inter, anchor2, mults[:2], m2, 1 / 16, live),
+        )
         assert all(torch.equal(w, g) for w, g in zip(want, got)), (mantissa, mults, matrix)
         assert torch.equal(want_gen.get_state(), got_gen.get_state()), "the generator was left elsewhere"
 

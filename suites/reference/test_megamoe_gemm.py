@@ -1,5 +1,6 @@
 """The GEMM of flashinfer.megamoe (reference.megamoe_gemm; docs/megamoe-sm90.md §2.2): one activation scale per
 block, applied to the block's fp32 partial sum with one fused multiply-add, block after block."""
+
 from __future__ import annotations
 
 from fractions import Fraction
@@ -21,12 +22,12 @@ def test_fma32_rounds_once_by_hand():
     # (1 + 2^-23)(1 + 3 * 2^-23) - 1 = 2^-21 + 3 * 2^-46 exactly. Rounded once (fp32 spacing 2^-44 at 2^-21):
     # 3 * 2^-46 = 0.75 * 2^-44 rounds up, 2^-21 + 2^-44. Rounding the product first loses the 3 * 2^-46 (spacing
     # 2^-23 at 1): 1 + 2^-21, then - 1 = 2^-21.
-    a, b, c = _t(1 + 2 ** -23), _t(1 + 3 * 2 ** -23), _t(-1.0)
-    assert fma32(a, b, c).item() == 2 ** -21 + 2 ** -44
-    assert (a * b + c).item() == 2 ** -21
+    a, b, c = _t(1 + 2**-23), _t(1 + 3 * 2**-23), _t(-1.0)
+    assert fma32(a, b, c).item() == 2**-21 + 2**-44
+    assert (a * b + c).item() == 2**-21
     # a tie of the exact sum breaks to even: 1 + 2^-24 (spacing 2^-23) -> 1; 1 + 3 * 2^-24 -> 1 + 2^-22
-    assert fma32(_t(2 ** -12), _t(2 ** -12), _t(1.0)).item() == 1.0
-    assert fma32(_t(3 * 2 ** -12), _t(2 ** -12), _t(1.0)).item() == 1 + 2 ** -22
+    assert fma32(_t(2**-12), _t(2**-12), _t(1.0)).item() == 1.0
+    assert fma32(_t(3 * 2**-12), _t(2**-12), _t(1.0)).item() == 1 + 2**-22
 
 
 def test_fma32_is_the_correctly_rounded_sum_just_below_a_midpoint():
@@ -37,9 +38,9 @@ def test_fma32_is_the_correctly_rounded_sum_just_below_a_midpoint():
     gen = torch.Generator().manual_seed(0)
     e = torch.randint(-30, 30, (200,), generator=gen).float()
     n = torch.randint(1, 200, (200,), generator=gen).float()
-    c = torch.ldexp(torch.full((200,), 1 + 2 ** -23), e)
-    a = torch.ldexp(1 - n * 2 ** -23, e - 24)
-    b = 1 + n * 2 ** -23
+    c = torch.ldexp(torch.full((200,), 1 + 2**-23), e)
+    a = torch.ldexp(1 - n * 2**-23, e - 24)
+    b = 1 + n * 2**-23
     got = fma32(a, b, c)
     assert torch.equal(got, c)
     assert not torch.equal((a.double() * b.double() + c.double()).float(), c)  # the double rounding
@@ -65,19 +66,19 @@ def test_the_scale_multiplies_the_partial_sum_not_each_element_by_hand():
     1.5 * 2^-21, a tie -> 4.5 + 2^-20 (even)."""
     codes = torch.zeros(1, 128)
     codes[0, :3] = 1.5
-    scale = _t(1 + 2 ** -23)[None]
+    scale = _t(1 + 2**-23)[None]
     w = torch.ones(1, 128)
-    assert block_scaled_mm(codes, scale, w).item() == 4.5 + 2 ** -21
-    assert rounded_mm(codes * scale, w).item() == 4.5 + 2 ** -20
+    assert block_scaled_mm(codes, scale, w).item() == 4.5 + 2**-21
+    assert rounded_mm(codes * scale, w).item() == 4.5 + 2**-20
 
 
 def test_blocks_fold_in_k_order_with_one_rounding_each():
     """fma(s1, P1, fma(s0, P0, 0)) with P0 = -1 (scale 1) and P1 = 1 + 3 * 2^-23 (scale 1 + 2^-23): the fma of the
     first hand test, 2^-21 + 2^-44, where a product rounded before the add would give 2^-21."""
     codes = torch.zeros(1, 256)
-    codes[0, 0], codes[0, 128], codes[0, 129] = -1.0, 1.0, 3 * 2 ** -23
-    out = block_scaled_mm(codes, _t(1.0, 1 + 2 ** -23)[None], torch.ones(1, 256))
-    assert out.item() == 2 ** -21 + 2 ** -44
+    codes[0, 0], codes[0, 128], codes[0, 129] = -1.0, 1.0, 3 * 2**-23
+    out = block_scaled_mm(codes, _t(1.0, 1 + 2**-23)[None], torch.ones(1, 256))
+    assert out.item() == 2**-21 + 2**-44
 
 
 def test_block_scaled_mm_does_not_depend_on_rows_blocking_or_threads():
@@ -87,7 +88,7 @@ def test_block_scaled_mm_does_not_depend_on_rows_blocking_or_threads():
     scales = torch.rand(13, 2, generator=gen) * 1e-2
     w = torch.randn(40, 256, generator=gen)
     whole = block_scaled_mm(codes, scales, w)
-    rows = torch.cat([block_scaled_mm(codes[i:i + 1], scales[i:i + 1], w) for i in range(13)])
+    rows = torch.cat([block_scaled_mm(codes[i : i + 1], scales[i : i + 1], w) for i in range(13)])
     perm = torch.randperm(13, generator=gen)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

@@ -1,6 +1,7 @@
 """The flashinfer.megamoe recipes as whole layers: against the fp64 textbook oracle within a bound derived from
 their rounding steps, bit for bit with themselves however their GEMMs are blocked, and citing only sections that
 docs/megamoe-sm90.md has."""
+
 from __future__ import annotations
 
 import re
@@ -17,14 +18,14 @@ pytestmark = pytest.mark.cpu
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = list(megamoe.RECIPES.values())
-E4M3_HALF_ULP = 2.0 ** -4  # RNE to E4M3 errs by at most 2^-4 relative (3 mantissa bits), or half a subnormal unit
-BF16_HALF_ULP = 2.0 ** -9
+E4M3_HALF_ULP = 2.0**-4  # RNE to E4M3 errs by at most 2^-4 relative (3 mantissa bits), or half a subnormal unit
+BF16_HALF_ULP = 2.0**-9
 
 
 def _problem(seed: int = 0, tokens: int = 8, experts: int = 4, top_k: int = 2, hidden: int = 256, inter: int = 256):
     gen = torch.Generator().manual_seed(seed)
-    w13 = (torch.randn(experts, 2 * inter, hidden, generator=gen) * hidden ** -0.5).bfloat16()
-    w2 = (torch.randn(experts, hidden, inter, generator=gen) * inter ** -0.5).bfloat16()
+    w13 = (torch.randn(experts, 2 * inter, hidden, generator=gen) * hidden**-0.5).bfloat16()
+    w2 = (torch.randn(experts, hidden, inter, generator=gen) * inter**-0.5).bfloat16()
     x = (torch.randn(tokens, hidden, generator=gen) * 4).bfloat16()  # gates and ups reach the clamp at 10
     ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)])
     ids[0, 1] = -1  # a masked slot
@@ -58,12 +59,16 @@ def _oracle_and_bound(recipe, x, ids, weights, w13, w2):
         y = w2e @ v
         reach = (w13e.abs() @ a.abs()).view(2, inter).amax(0)  # the FC1 magnitude behind each of gate, up
         blocks = x.shape[1] // recipe.act.block[1]
-        dv = abs(w) * 21 * (blocks + 1) * 2.0 ** -24 * 1.01 * reach + 10 * 2.0 ** -24 * v.abs()
+        dv = abs(w) * 21 * (blocks + 1) * 2.0**-24 * 1.01 * reach + 10 * 2.0**-24 * v.abs()
         amax = v.abs().view(-1, group).amax(1).repeat_interleave(group) * 1.01
         mag = w2e.abs() @ v.abs()
         oracle[t] += y
-        bound[t] += ((E4M3_HALF_ULP + 2.0 ** -20) * mag + 2.0 ** -10 / 224 * (w2e.abs() @ amax)
-                     + (1 + E4M3_HALF_ULP) * (w2e.abs() @ dv) + (1.1 * BF16_HALF_ULP + 2.0 ** -20) * y.abs())
+        bound[t] += (
+            (E4M3_HALF_ULP + 2.0**-20) * mag
+            + 2.0**-10 / 224 * (w2e.abs() @ amax)
+            + (1 + E4M3_HALF_ULP) * (w2e.abs() @ dv)
+            + (1.1 * BF16_HALF_ULP + 2.0**-20) * y.abs()
+        )
     return oracle, bound
 
 
@@ -102,8 +107,10 @@ def test_the_layer_is_bitwise_the_same_however_its_gemms_are_blocked(recipe):
 
 def test_the_recipes_weights_are_the_megamoe_decode():
     _, _, _, w13, w2 = _problem(seed=3)
-    for recipe, decode in ((megamoe.NVFP4_FUSED, megamoe_weights.nvfp4_round_trip),
-                           (megamoe.MXFP4_FUSED, megamoe_weights.mxfp4_round_trip)):
+    for recipe, decode in (
+        (megamoe.NVFP4_FUSED, megamoe_weights.nvfp4_round_trip),
+        (megamoe.MXFP4_FUSED, megamoe_weights.mxfp4_round_trip),
+    ):
         prepared = prepare_weights(w13, w2, recipe)
         assert torch.equal(prepared.w13, decode(w13.float())) and torch.equal(prepared.w2, decode(w2.float()))
 
@@ -119,8 +126,11 @@ def unresolved(files: dict[str, str], doc: str) -> list[str]:
     sections, bad = set(HEADING.findall(doc)), []
     for name, text in files.items():
         flat = re.sub(r"\s+", " ", text)
-        cited = SECTION.findall(flat) if "megamoe" in Path(name).name else \
-            [n for group in PREFIXED.findall(flat) for n in SECTION.findall(group)]
+        cited = (
+            SECTION.findall(flat)
+            if "megamoe" in Path(name).name
+            else [n for group in PREFIXED.findall(flat) for n in SECTION.findall(group)]
+        )
         bad += [f"{name}: §{n}" for n in cited if n not in sections]
     return bad
 
@@ -134,5 +144,6 @@ def test_the_citation_check_sees_a_section_the_doc_lacks():
     doc = "## 2. Activations\n### 2.2 Blocks\n"
     assert unresolved({"reference/megamoe_x.py": "see §2.2 and §2", "reference/other.py": "kernels §9"}, doc) == []
     missing = "§" + "2.3"  # spelled apart, so that this file's own check does not see it
-    assert unresolved({"reference/megamoe_x.py": missing, "reference/other.py": "docs/megamoe-sm90.md §2.2, §7"},
-                      doc) == [f"reference/megamoe_x.py: {missing}", "reference/other.py: §7"]
+    assert unresolved(
+        {"reference/megamoe_x.py": missing, "reference/other.py": "docs/megamoe-sm90.md §2.2, §7"}, doc
+    ) == [f"reference/megamoe_x.py: {missing}", "reference/other.py: §7"]

@@ -1,6 +1,7 @@
 """The layout of flashinfer.megamoe's transformed weights (reference.megamoe_layout; docs/megamoe-sm90.md §5): the
 decoder model on bytes built by hand, then FlashInfer's own transforms, run on this CPU, decoded by that model and
 compared with the logical weights."""
+
 from __future__ import annotations
 
 import pytest
@@ -74,7 +75,7 @@ def test_mxfp4_tile_by_hand():
     bytes c * 2048 + r * 16 + 4 = 2 * 2048 + 5 * 16 + 4 = 4180; row 5's scale bytes at 8192 + 5 * 4 = 8212, the one
     for K 64..95 (the third) = 8214 set to 129 = 2^2, the others to 127: the word decodes to 4x its values."""
     l2 = torch.zeros(1, 1, ml.TILE_BYTES, dtype=torch.uint8)
-    l2[0, 0, ml.TILE_FP4_BYTES:] = 127
+    l2[0, 0, ml.TILE_FP4_BYTES :] = 127
     l2[0, 0, 4180:4184] = torch.tensor(WORD_BRAIDED, dtype=torch.uint8)
     l2[0, 0, 8214] = 129
     l1 = torch.zeros(1, 2, ml.TILE_BYTES, dtype=torch.uint8)

@@ -6,6 +6,7 @@ scale 448 / 448 = 1 and codes 448 and 1, exact. Gate rows 0-2 read channel 0 wit
 with weight -1 (g = -448); up rows read 448, -448, 5 and 448. The weights are exact (weight NONE: their decode
 is tested on its own), and W2 is the identity, so out[n] is route n's FC2 input as requantized.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -91,10 +92,10 @@ def test_the_bm128_plan_requantizes_in_64_channel_groups():
     out 2^-9 * 2^-2 = 2^-11. In its own 64-channel group, amax 3.6604e-4 * RN(1/448) = 8.17e-7, scale 2^-20: code
     383.8 -> 384, out 384 * 2^-20 = 1.5 * 2^-12."""
     w13, w2 = _layer()
-    w13[0, 64, 0], w13[0, I + 64, 1] = 1.0, 2.0 ** -14
-    assert _out(EXACT, w13, w2)[[0, 64]].tolist() == [60.0, 2.0 ** -11]
+    w13[0, 64, 0], w13[0, I + 64, 1] = 1.0, 2.0**-14
+    assert _out(EXACT, w13, w2)[[0, 64]].tolist() == [60.0, 2.0**-11]
     bm128 = megamoe.NVFP4_FUSED_BM128.with_(weight=NONE)
-    assert _out(bm128, w13, w2)[[0, 64]].tolist() == [60.0, 1.5 * 2.0 ** -12]
+    assert _out(bm128, w13, w2)[[0, 64]].tolist() == [60.0, 1.5 * 2.0**-12]
     assert megamoe.nvfp4_fused_recipe(128, 128) is megamoe.NVFP4_FUSED_BM128
     assert megamoe.nvfp4_fused_recipe(64, 256) is megamoe.NVFP4_FUSED
     assert all(r.fc2_in.block == (1, 128) for r in (megamoe.MXFP4_FUSED, megamoe.NVFP4_SPLIT))
@@ -104,7 +105,7 @@ def test_each_route_is_rounded_to_bf16():
     """W2 row 0 also reads row 2's input at weight 2^-7: y0 = 60 + 30 * 2^-7 = 60.234375, which bf16 (step 0.25 in
     [32, 64)) rounds to 60.25 before the combine."""
     w13, w2 = _layer()
-    w2[0, 0, 2] = 2.0 ** -7
+    w2[0, 0, 2] = 2.0**-7
     assert _out(EXACT, w13, w2)[0].item() == 60.25
     assert _out(EXACT.with_(combine_wire=NONE), w13, w2)[0].item() == 60.234375
 
@@ -116,7 +117,7 @@ def test_the_combine_sums_in_fp32_in_slot_order():
     31457280, -31457280, 3.75: 3.75; in bf16 (step 2^17 there): 0."""
     w13, w2 = _layer(3)
     ids = torch.tensor([[0, 1, 2]])
-    weights = torch.tensor([[0.6 * 2 ** 19, 0.6 * 2 ** -4, -0.6 * 2 ** 19]])
+    weights = torch.tensor([[0.6 * 2**19, 0.6 * 2**-4, -0.6 * 2**19]])
     out = moe_reference(X, ids, weights, w13, w2, EXACT)
     assert out[0, 0].item() == 4.0
     swapped = [0, 2, 1]  # 31457280 - 31457280 first, then + 3.75

@@ -1,5 +1,6 @@
 """The weight decode rules of flashinfer.megamoe (reference.megamoe_weights; docs/megamoe-sm90.md §3, §4), against
 values worked out by hand, FlashInfer's own NVFP4 table, and a port of its MXFP4 byte arithmetic."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,19 +22,22 @@ NAN = math.nan
 
 def _codes(*values: float) -> torch.Tensor:
     """E2M1 codes of exact E2M1 values (a -0.0 is code 8)."""
-    return torch.tensor([E2M1_VALUES.index(abs(v)) | (8 if math.copysign(1, v) < 0 else 0) for v in values],
-                        dtype=torch.uint8)
+    return torch.tensor(
+        [E2M1_VALUES.index(abs(v)) | (8 if math.copysign(1, v) < 0 else 0) for v in values], dtype=torch.uint8
+    )
 
 
 def _same(got: torch.Tensor, want: list[float]) -> bool:
-    return all((math.isnan(w) and math.isnan(g)) or (g == w and math.copysign(1, g) == math.copysign(1, w))
-               for g, w in zip(got.tolist(), want))
+    return all(
+        (math.isnan(w) and math.isnan(g)) or (g == w and math.copysign(1, g) == math.copysign(1, w))
+        for g, w in zip(got.tolist(), want)
+    )
 
 
 def _nvfp4(values, scale_byte):
     """Decode 16 E2M1 values (``values`` padded with zeros) under one scale byte."""
     codes = _codes(*values, *[0.0] * (16 - len(values)))
-    return mw.nvfp4_decode(codes, torch.tensor([scale_byte], dtype=torch.uint8))[:len(values)]
+    return mw.nvfp4_decode(codes, torch.tensor([scale_byte], dtype=torch.uint8))[: len(values)]
 
 
 def test_nvfp4_decode_rounds_each_product_to_e4m3_by_hand():
@@ -45,7 +49,7 @@ def test_nvfp4_decode_rounds_each_product_to_e4m3_by_hand():
     assert _same(_nvfp4([6, 1], 0x48), [24.0, 4.0])
     # subnormal products are kept: scale 0x01 = 2^-9 (the smallest), 1.5 * 2^-9 is 1.5 subnormal units, a tie
     # -> 2 units = 2^-8; 0.5 * 2^-9 is half a unit, a tie -> 0
-    assert _same(_nvfp4([1.5, 0.5, 1], 0x01), [2.0 ** -8, 0.0, 2.0 ** -9])
+    assert _same(_nvfp4([1.5, 0.5, 1], 0x01), [2.0**-8, 0.0, 2.0**-9])
 
 
 def test_nvfp4_products_past_448_are_nan_and_the_scale_sign_is_ignored():
@@ -75,17 +79,24 @@ def test_nvfp4_decode_equals_flashinfers_table_entry_by_entry():
     if lut is None:
         pytest.skip("flashinfer-python 0.7.4 with flashinfer.megamoe's headers is not installed")
     assert len(lut) == 128
-    decoded = mw.nvfp4_decode(torch.arange(8, dtype=torch.uint8).repeat(128, 2)[:, :16],
-                              torch.arange(128, dtype=torch.uint8)[:, None])[:, :8]
-    want = torch.tensor([[(x >> 8 * i) & 0xFF for i in range(4)] + [(y >> 8 * i) & 0xFF for i in range(4)]
-                         for x, y in lut], dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # 0x7F reads NaN
+    decoded = mw.nvfp4_decode(
+        torch.arange(8, dtype=torch.uint8).repeat(128, 2)[:, :16], torch.arange(128, dtype=torch.uint8)[:, None]
+    )[:, :8]
+    want = (
+        torch.tensor(
+            [[(x >> 8 * i) & 0xFF for i in range(4)] + [(y >> 8 * i) & 0xFF for i in range(4)] for x, y in lut],
+            dtype=torch.uint8,
+        )
+        .view(torch.float8_e4m3fn)
+        .float()
+    )  # 0x7F reads NaN
     differ = ~((decoded == want) | (decoded.isnan() & want.isnan()))
     assert not differ.any(), f"{int(differ.sum())} entries differ, first (scale, magnitude) {differ.nonzero()[0]}"
 
 
 def _mxfp4(values, code):
     codes = _codes(*values, *[0.0] * (32 - len(values)))
-    return mw.mxfp4_decode(codes, torch.tensor([code], dtype=torch.uint8))[:len(values)]
+    return mw.mxfp4_decode(codes, torch.tensor([code], dtype=torch.uint8))[: len(values)]
 
 
 def test_mxfp4_decode_saturates_at_448_and_flushes_below_2_to_the_minus_6_by_hand():
@@ -95,7 +106,7 @@ def test_mxfp4_decode_saturates_at_448_and_flushes_below_2_to_the_minus_6_by_han
     assert _same(_mxfp4([4, 3, -6], 134), [448.0, 384.0, -448.0])
     # k = -6 (code 121): 1 * 2^-6 is the smallest normal E4M3, kept; 0.5 * 2^-6 = 2^-7 flushes to 0;
     # k = -7 (code 120): 1.5 * 2^-7 = 0.01171875 < 2^-6 -> 0, 3 * 2^-7 = 0.0234375 kept, -1.5 -> -0.0
-    assert _same(_mxfp4([1, 0.5], 121), [2.0 ** -6, 0.0])
+    assert _same(_mxfp4([1, 0.5], 121), [2.0**-6, 0.0])
     assert _same(_mxfp4([1.5, 3, -1.5], 120), [0.0, 0.0234375, -0.0])
     # the extremes: code 255 (k = 128) saturates everything nonzero, code 0 (k = -127) flushes everything
     assert _same(_mxfp4([0.5, 0], 255), [448.0, 0.0]) and _same(_mxfp4([6], 0), [0.0])
@@ -114,8 +125,9 @@ def _byte_port(code: int) -> list[int]:
 
 
 def test_mxfp4_decode_equals_a_port_of_the_kernels_byte_arithmetic_for_all_256_codes():
-    decoded = mw.mxfp4_decode(torch.arange(8, dtype=torch.uint8).repeat(256, 4),
-                              torch.arange(256, dtype=torch.uint8)[:, None])[:, :8]
+    decoded = mw.mxfp4_decode(
+        torch.arange(8, dtype=torch.uint8).repeat(256, 4), torch.arange(256, dtype=torch.uint8)[:, None]
+    )[:, :8]
     want = torch.tensor([_byte_port(c) for c in range(256)], dtype=torch.uint8).view(torch.float8_e4m3fn).float()
     assert torch.equal(decoded, want)
 
@@ -129,7 +141,7 @@ def test_nvfp4_pack_by_hand():
     w[0, :4] = torch.tensor([6.0, -1.5, 0.5, 3.0])
     w[1, 0] = 1.0
     codes, scales, g = mw.nvfp4_pack(w)
-    assert g.item() == 2.0 ** -6
+    assert g.item() == 2.0**-6
     assert scales.view(torch.float8_e4m3fn).float().flatten().tolist() == [64.0, 11.0]
     out = mw.nvfp4_round_trip(w)
     assert out[0, :4].tolist() == [6.0, -1.5, 0.5, 3.0] and out[1, 0].item() == 1.0
@@ -148,6 +160,7 @@ def test_packs_keep_scales_in_the_decoders_exact_range():
     assert torch.equal(g, torch.ldexp(torch.ones(3), torch.frexp(g).exponent - 1))
     # Gaussian blocks stay within 11 binades of the largest: the whole matrix decodes exactly as the MX round trip
     from reference.mx import mx_round_trip
+
     assert torch.equal(mw.mxfp4_round_trip(w), mx_round_trip(w, fmt="mxfp4"))
 
 
@@ -159,13 +172,17 @@ def test_the_packs_global_scale_on_the_accumulator_is_the_scale_folded_into_the_
     codes = torch.randint(-448, 449, (16, 256), generator=gen).float().to(torch.float8_e4m3fn).float()
     scales = torch.rand(16, 2, generator=gen) + 0.5
     w = torch.randn(32, 256, generator=gen) * 1e-3
-    for pack, decode, fold in ((mw.nvfp4_pack, mw.nvfp4_decode, mw.nvfp4_round_trip),
-                               (mw.mxfp4_pack, mw.mxfp4_decode, mw.mxfp4_round_trip)):
+    for pack, decode, fold in (
+        (mw.nvfp4_pack, mw.nvfp4_decode, mw.nvfp4_round_trip),
+        (mw.mxfp4_pack, mw.mxfp4_decode, mw.mxfp4_round_trip),
+    ):
         q, s, g = pack(w)
         on_accumulator = block_scaled_mm(codes, scales, decode(q, s)) * g
         assert torch.equal(on_accumulator, block_scaled_mm(codes, scales, fold(w)))
-        assert not torch.equal(block_scaled_mm(codes, scales, decode(q, s)) * (g * 1.1),
-                               block_scaled_mm(codes, scales, decode(q, s) * (g * 1.1)))
+        assert not torch.equal(
+            block_scaled_mm(codes, scales, decode(q, s)) * (g * 1.1),
+            block_scaled_mm(codes, scales, decode(q, s) * (g * 1.1)),
+        )
 
 
 def test_marlin_order_by_hand():

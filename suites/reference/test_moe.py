@@ -1,4 +1,5 @@
 """Self-tests of reference.moe: vectorized vs the fp64 textbook oracle, recipe semantics, edge cases."""
+
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,7 @@ from hypothesis import strategies as st
 
 from fixtures.compare import relative_l2
 from reference import recipes
-from reference.moe import (deinterleave_gate_up, interleave_gate_up, moe_reference, moe_terms,
-                           prepare_weights)
+from reference.moe import deinterleave_gate_up, interleave_gate_up, moe_reference, moe_terms, prepare_weights
 from reference.recipes import FP32_EXACT, Quant
 from reference.textbook import textbook_for_recipe, textbook_moe
 
@@ -19,9 +19,13 @@ pytestmark = pytest.mark.cpu
 def make(t=9, e=6, k=3, h=64, i=32, seed=0, scale=1.0):
     gen = torch.Generator().manual_seed(seed)
     x = (torch.randn(t, h, generator=gen) * scale).to(torch.bfloat16)
-    w13 = (torch.randn(e, 2 * i, h, generator=gen) * h ** -0.5).to(torch.bfloat16)
-    w2 = (torch.randn(e, h, i, generator=gen) * i ** -0.5).to(torch.bfloat16)
-    ids = torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)]) if t else torch.zeros(0, k, dtype=torch.long)
+    w13 = (torch.randn(e, 2 * i, h, generator=gen) * h**-0.5).to(torch.bfloat16)
+    w2 = (torch.randn(e, h, i, generator=gen) * i**-0.5).to(torch.bfloat16)
+    ids = (
+        torch.stack([torch.randperm(e, generator=gen)[:k] for _ in range(t)])
+        if t
+        else torch.zeros(0, k, dtype=torch.long)
+    )
     w = torch.rand(t, k, generator=gen)
     return x, ids, w, w13, w2
 
@@ -40,7 +44,8 @@ def problems(draw):
     recipe = FP32_EXACT.with_(
         clamp_limit=draw(st.sampled_from([None, 0.5, 2.0]), label="clamp"),
         clamp_style=draw(st.sampled_from(recipes.CLAMP_STYLES), label="clamp_style"),
-        placement=draw(st.sampled_from(recipes.PLACEMENTS), label="placement"))
+        placement=draw(st.sampled_from(recipes.PLACEMENTS), label="placement"),
+    )
     return x, ids, w, w13, w2, recipe
 
 
@@ -105,11 +110,14 @@ def test_terms_sum_to_the_output_and_split_across_expert_owners():
     x, ids, w, w13, w2 = make(t=12, e=8, seed=4)
     recipe = recipes.SM90_PULL_FP8_BLOCKWISE.with_(clamp_limit=1.0)
     full = moe_terms(x, ids, w, prepare_weights(w13, w2, recipe), recipe)
-    halves = [moe_terms(x, ids, w, prepare_weights(w13[lo:lo + 4], w2[lo:lo + 4], recipe), recipe, expert_offset=lo)
-              for lo in (0, 4)]
+    halves = [
+        moe_terms(x, ids, w, prepare_weights(w13[lo : lo + 4], w2[lo : lo + 4], recipe), recipe, expert_offset=lo)
+        for lo in (0, 4)
+    ]
     assert torch.equal(halves[0] + halves[1], full)  # each route has exactly one owner
-    assert torch.equal(full.sum(1), moe_reference(x, ids, w, w13, w2, recipe)) or \
-        torch.allclose(full.sum(1), moe_reference(x, ids, w, w13, w2, recipe), rtol=0, atol=1e-6)
+    assert torch.equal(full.sum(1), moe_reference(x, ids, w, w13, w2, recipe)) or torch.allclose(
+        full.sum(1), moe_reference(x, ids, w, w13, w2, recipe), rtol=0, atol=1e-6
+    )
 
 
 def test_chunking_does_not_change_a_bit():
@@ -143,7 +151,9 @@ def _loop_textbook(x, ids, w, w13, w2, *, clamp_limit=None, clamp_style="gate_up
 @given(problems())
 def test_vectorized_textbook_equals_the_per_token_loop(problem):
     x, ids, w, w13, w2, recipe = problem
-    kw = dict(clamp_limit=recipe.clamp_limit, clamp_style=recipe.clamp_style, weight_on_input=recipe.placement == "input")
+    kw = dict(
+        clamp_limit=recipe.clamp_limit, clamp_style=recipe.clamp_style, weight_on_input=recipe.placement == "input"
+    )
     got = textbook_moe(x, ids, w, w13, w2, **kw)
     want = _loop_textbook(x, ids, w, w13, w2, **kw)
     assert got.dtype == torch.float64
@@ -169,8 +179,10 @@ def test_weight_placement_matters_only_with_rounding_in_between():
     exact = [moe_reference(x, ids, w, w13, w2, FP32_EXACT.with_(placement=p)) for p in ("before_fc2_quant", "combine")]
     assert relative_l2(exact[0], exact[1]) < 1e-6
     fp8 = Quant("fp8", static_scale=1.0)  # dynamic block scales would absorb w: (w*s)/amax(w*s) = s/amax(s)
-    rounded = [moe_reference(x, ids, w, w13, w2, FP32_EXACT.with_(placement=p, fc2_in=fp8))
-               for p in ("before_fc2_quant", "combine")]
+    rounded = [
+        moe_reference(x, ids, w, w13, w2, FP32_EXACT.with_(placement=p, fc2_in=fp8))
+        for p in ("before_fc2_quant", "combine")
+    ]
     assert relative_l2(rounded[0], rounded[1]) > 1e-4
     on_input = moe_reference(x, ids, w, w13, w2, FP32_EXACT.with_(placement="input"))
     assert relative_l2(on_input, exact[1]) > 0.05  # SwiGLU is not linear: Llama4 semantics differ

@@ -1,4 +1,5 @@
 """Self-tests of reference.quant: code tables, exact round trips on grid values, RTNE, saturation."""
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,8 @@ def decode_fp8_by_formula(code: int, fmt: str) -> float:
         if exp == 0x1F:
             return sign * math.inf if man == 0 else math.nan
     if exp == 0:
-        return sign * 2.0 ** (1 - bias) * man / 2 ** man_bits
-    return sign * 2.0 ** (exp - bias) * (1 + man / 2 ** man_bits)
+        return sign * 2.0 ** (1 - bias) * man / 2**man_bits
+    return sign * 2.0 ** (exp - bias) * (1 + man / 2**man_bits)
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
@@ -91,7 +92,7 @@ def on_grid(draw, block, fmt="e4m3"):
     values = torch.where(torch.isfinite(values), values, torch.zeros_like(values))
     exps = torch.randint(-10, 10, (rows // block[0], cols // block[1]), generator=gen)
     scale = quant.expand_block_scales(quant.pow2(exps), block, values.shape)
-    values[::block[0], ::block[1]] = quant.FP8_MAX[fmt]  # pin each block's amax to fmax * scale
+    values[:: block[0], :: block[1]] = quant.FP8_MAX[fmt]  # pin each block's amax to fmax * scale
     return values * scale, scale
 
 
@@ -121,12 +122,13 @@ def test_fp8_partial_blocks_and_relative_error_bound():
         q, s = quant.fp8_quantize(x, block=block)
         rt = quant.fp8_dequantize(q, s, block=block)
         # e4m3 keeps 3 mantissa bits: relative error <= 2^-4 for values in the normal range of the block.
-        normal = x.abs() >= 2 ** -6 * quant.expand_block_scales(s, block, x.shape) if block else x.abs() >= 2 ** -6 * s
+        normal = x.abs() >= 2**-6 * quant.expand_block_scales(s, block, x.shape) if block else x.abs() >= 2**-6 * s
         rel = ((rt - x).abs() / x.abs())[normal]
-        assert rel.max().item() <= 2 ** -4 + 1e-7, block
+        assert rel.max().item() <= 2**-4 + 1e-7, block
 
 
 # ------------------------------------------------------------------------------------------- E2M1
+
 
 def test_e2m1_code_table_all_16_codes():
     codes = torch.arange(16, dtype=torch.uint8)
@@ -150,6 +152,7 @@ def test_fp4_packing_puts_the_even_element_in_the_low_nibble():
 
 
 # ------------------------------------------------------------------------------------------- NVFP4
+
 
 def test_nvfp4_round_trip_is_exact_on_grid():
     gen = torch.Generator().manual_seed(3)
@@ -204,6 +207,7 @@ def test_swizzle_128x4_positions_by_hand():
 
 # ------------------------------------------------------------------------------------------- MX
 
+
 def test_e8m0_range():
     codes = torch.arange(256, dtype=torch.uint8)
     values = mx.e8m0_to_float(codes)
@@ -213,8 +217,8 @@ def test_e8m0_range():
 
 def test_mx_exponent_ceil_vs_floor():
     x = torch.zeros(3, 32)
-    x[0, 0] = 1.0     # ceil(log2(1/448)) = -8 ; floor(log2 1) - 8 = -8
-    x[1, 0] = 480.0   # ceil(log2(480/448)) = 1 -> 240 exact ; floor(log2 480) - 8 = 0 -> saturates to 448
+    x[0, 0] = 1.0  # ceil(log2(1/448)) = -8 ; floor(log2 1) - 8 = -8
+    x[1, 0] = 480.0  # ceil(log2(480/448)) = 1 -> 240 exact ; floor(log2 480) - 8 = 0 -> saturates to 448
     q_c, s_c = mx.mx_quantize(x, fmt="mxfp8_e4m3", exponent="ceil")
     q_f, s_f = mx.mx_quantize(x, fmt="mxfp8_e4m3", exponent="floor")
     assert s_c[:, 0].tolist() == [127 - 8, 128, 0]
@@ -233,7 +237,9 @@ def test_mx_round_trip_is_exact_on_grid(fmt, exponent):
         values = quant.e2m1_decode(torch.randint(0, 16, (4, 64), generator=gen, dtype=torch.uint8))
     else:
         element = fmt.split("_")[1]
-        values = torch.randint(0, 256, (4, 64), generator=gen, dtype=torch.uint8).view(quant.FP8_DTYPES[element]).float()
+        values = (
+            torch.randint(0, 256, (4, 64), generator=gen, dtype=torch.uint8).view(quant.FP8_DTYPES[element]).float()
+        )
         values = torch.where(torch.isfinite(values), values, torch.zeros_like(values))
     values[:, ::32] = fmax
     if exponent == "floor":  # floor(log2 fmax) - emax_elem = 0 only when fmax's exponent is emax_elem
@@ -270,5 +276,5 @@ def test_nvfp4_e4m3_operand_has_one_global_scale_per_matrix():
     w[1] *= 1e-3
     out = quant.nvfp4_e4m3_operand_round_trip(w)
     for e in range(2):
-        assert torch.equal(out[e], quant.nvfp4_e4m3_operand_round_trip(w[e:e + 1])[0])
+        assert torch.equal(out[e], quant.nvfp4_e4m3_operand_round_trip(w[e : e + 1])[0])
     assert ((out[1] - w[1]).norm() / w[1].norm()).item() < 0.2  # the small expert is not flushed to zero

@@ -1,6 +1,7 @@
 """The formats of FlashInfer 0.7.4's SM90 FP8 x FP4 pull kernels (docs/flashinfer-kernels.md §D2.2, §D2.3), against tables
 worked out by hand: the Humming rewrite of MXFP4 weights, NVFP4 weights with a dequant multiplier G,
 and FP8 scales that multiply by reciprocals."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.cpu
 def _block(values, code):
     """One matrix row of one 32-element MXFP4 block holding ``values`` (E2M1 magnitudes) then zeros."""
     row = torch.zeros(32)
-    row[:len(values)] = torch.tensor(values)
+    row[: len(values)] = torch.tensor(values)
     return quant.pack_fp4(quant.e2m1_encode(row))[None], torch.tensor([[code]], dtype=torch.uint8)
 
 
@@ -42,7 +43,16 @@ def test_humming_rewrite_by_hand():
     # the represented value moved only where the rewrite rounded: 2^(129-127) * 1 = 4 against 2^0 * 3
     before = mx.mx_dequantize(packed, codes, fmt="mxfp4")
     after = mx.mx_dequantize(out_packed, out_codes, fmt="mxfp4")
-    assert after[1, :8].tolist() == [6, 4, 4, 2, 2, 2, 0, -4] and before[1, :8].tolist() == [6, 4, 3, 2, 1.5, 1, 0.5, -3]
+    assert after[1, :8].tolist() == [6, 4, 4, 2, 2, 2, 0, -4] and before[1, :8].tolist() == [
+        6,
+        4,
+        3,
+        2,
+        1.5,
+        1,
+        0.5,
+        -3,
+    ]
 
 
 def test_humming_rewrite_within_range_changes_nothing():
@@ -60,7 +70,7 @@ def test_humming_rewrite_is_per_matrix():
     """Each expert's floor comes from its own codes: a small expert is not rewritten by a large one."""
     gen = torch.Generator().manual_seed(1)
     w = torch.randn(2, 8, 64, generator=gen)
-    w[1] *= 2.0 ** -20
+    w[1] *= 2.0**-20
     q, codes = mx.mx_quantize(w, fmt="mxfp4")
     _, codes2 = mx.humming_rewrite(q, codes)
     assert torch.equal(codes2, codes)
@@ -73,7 +83,7 @@ def test_fp8_reciprocal_scales_differ_from_division_where_the_reciprocal_rounds(
     multiplied = quant.fp8_scales_from_amax(amax, 448.0, "fp32", recip=True)
     assert torch.equal(multiplied, amax * torch.tensor(1 / 448, dtype=torch.float32))
     assert 0 < int((divided != multiplied).sum()) < amax.numel()
-    assert ((divided - multiplied).abs() / divided).max().item() <= 2 ** -23
+    assert ((divided - multiplied).abs() / divided).max().item() <= 2**-23
 
 
 def test_fp8_apply_recip_multiplies_by_the_rounded_reciprocal():
@@ -90,7 +100,6 @@ def test_nvfp4_weight_pack_decodes_as_g_times_q_times_s():
     packed, scales, g = quant.nvfp4_weight_pack(w)
     assert packed.shape == (2, 4, 16) and scales.shape == (2, 4, 2) and g.shape == (2,)
     assert torch.equal(g, w.abs().amax(dim=(1, 2)) / 2688)
-    decoded = (quant.e2m1_decode(quant.unpack_fp4(packed)) * scales.float().repeat_interleave(16, -1)
-               * g[:, None, None])
+    decoded = quant.e2m1_decode(quant.unpack_fp4(packed)) * scales.float().repeat_interleave(16, -1) * g[:, None, None]
     assert ((decoded - w).norm() / w.norm()).item() < 0.15  # NVFP4 on Gaussian weights: about 0.1
     assert (scales.float() <= 448).all() and (scales.view(torch.uint8) < 127).all()  # finite, as FlashInfer checks

@@ -1,4 +1,5 @@
 """Self-tests of reference.routing: hand-computed cases, a per-token brute-force twin, regression seeds."""
+
 from __future__ import annotations
 
 import math
@@ -32,7 +33,7 @@ def brute_force(z, method, k, bias=None, n_group=None, topk_group=None, rsf=1.0)
         allowed = list(range(z.shape[1]))
         if n_group and n_group > 1:
             per = z.shape[1] // n_group
-            gscore = [sum(sorted(keys[g * per:(g + 1) * per].tolist(), reverse=True)[:2]) for g in range(n_group)]
+            gscore = [sum(sorted(keys[g * per : (g + 1) * per].tolist(), reverse=True)[:2]) for g in range(n_group)]
             groups = sorted(range(n_group), key=lambda g: (-gscore[g], g))[:topk_group]
             allowed = [e for e in allowed if e // per in groups]
         ids = sorted(allowed, key=lambda e: (-keys[e].item(), e))[:k]
@@ -62,16 +63,25 @@ def brute_force(z, method, k, bias=None, n_group=None, topk_group=None, rsf=1.0)
 
 
 def assert_route_matches(z, method, k, **kw):
-    ids, w = route(z, method, k, bias=kw.get("bias"), n_group=kw.get("n_group"), topk_group=kw.get("topk_group"),
-                   routed_scaling_factor=kw.get("rsf", 1.0))
+    ids, w = route(
+        z,
+        method,
+        k,
+        bias=kw.get("bias"),
+        n_group=kw.get("n_group"),
+        topk_group=kw.get("topk_group"),
+        routed_scaling_factor=kw.get("rsf", 1.0),
+    )
     want_ids, want_w = brute_force(z, method, k, **kw)
     assert ids.dtype == torch.int64 and w.dtype == torch.float32
     assert torch.equal(ids, want_ids), f"{method}: ids {ids.tolist()} != brute force {want_ids.tolist()}"
-    torch.testing.assert_close(w.double(), want_w, rtol=2e-6, atol=1e-30,
-                               msg=lambda m: f"{method} weights vs brute force: {m}")
+    torch.testing.assert_close(
+        w.double(), want_w, rtol=2e-6, atol=1e-30, msg=lambda m: f"{method} weights vs brute force: {m}"
+    )
 
 
 # ------------------------------------------------------------------------------ hand-computed cases
+
 
 def test_renormalize_by_hand():
     ids, w = route(torch.tensor([[1.0, 3.0, 2.0, 0.0]]), "Renormalize", 2)
@@ -112,6 +122,7 @@ def test_topk_returns_raw_scores():
 
 # ------------------------------------------------------------------------------ brute-force twin
 
+
 @st.composite
 def routing_problems(draw):
     e = draw(st.integers(1, 16), label="E")
@@ -142,8 +153,15 @@ def test_route_matches_brute_force(problem):
 @given(routing_problems())
 def test_route_properties(problem):
     z, method, k, kw = problem
-    ids, w = route(z, method, k, bias=kw.get("bias"), n_group=kw.get("n_group"), topk_group=kw.get("topk_group"),
-                   routed_scaling_factor=kw["rsf"])
+    ids, w = route(
+        z,
+        method,
+        k,
+        bias=kw.get("bias"),
+        n_group=kw.get("n_group"),
+        topk_group=kw.get("topk_group"),
+        routed_scaling_factor=kw["rsf"],
+    )
     assert ids.shape == w.shape == (z.shape[0], k)
     assert ((ids >= 0) & (ids < z.shape[1])).all()
     for row in ids.tolist():
@@ -162,6 +180,7 @@ def test_bf16_logits_route_as_their_fp32_values():
 
 
 # ------------------------------------------------------------------------------ regression seeds (bugs peers reported)
+
 
 def test_all_negative_logits_route_normally():
     # flashinfer#2822: Renormalize routing wrong when every logit is negative.
@@ -221,16 +240,20 @@ def test_routed_scaling_factor_scales_every_method():
 
 # ------------------------------------------------------------------------------ argument errors
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(method="Renormalize", top_k=9), "top_k must be in"),
-    (dict(method="Renormalize", top_k=0), "top_k must be in"),
-    (dict(method="Llama4", top_k=2), "top-1"),
-    (dict(method="DeepSeekV3", top_k=2, n_group=3, topk_group=1), "not divisible"),
-    (dict(method="DeepSeekV3", top_k=2, n_group=4, topk_group=5), "topk_group must be"),
-    (dict(method="DeepSeekV3", top_k=4, n_group=4, topk_group=1), "exceeds"),
-    (dict(method="Renormalize", top_k=2, bias=torch.zeros(8)), "takes no bias"),
-    (dict(method="Bogus", top_k=2), "unknown routing method"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(method="Renormalize", top_k=9), "top_k must be in"),
+        (dict(method="Renormalize", top_k=0), "top_k must be in"),
+        (dict(method="Llama4", top_k=2), "top-1"),
+        (dict(method="DeepSeekV3", top_k=2, n_group=3, topk_group=1), "not divisible"),
+        (dict(method="DeepSeekV3", top_k=2, n_group=4, topk_group=5), "topk_group must be"),
+        (dict(method="DeepSeekV3", top_k=4, n_group=4, topk_group=1), "exceeds"),
+        (dict(method="Renormalize", top_k=2, bias=torch.zeros(8)), "takes no bias"),
+        (dict(method="Bogus", top_k=2), "unknown routing method"),
+    ],
+)
 def test_bad_arguments_raise_value_error(kwargs, match):
     with pytest.raises(ValueError, match=match):
         route(torch.randn(3, 8), **kwargs)
@@ -244,6 +267,7 @@ def test_non_finite_logits_raise():
 
 
 # ------------------------------------------------------------------------------ decision margin
+
 
 def test_decision_margin_is_zero_at_a_tie_and_the_gap_otherwise():
     z = torch.tensor([[5.0, 1.0, 0.0, 1.0], [5.0, 2.0, 0.5, 1.0]])
@@ -263,8 +287,11 @@ def test_a_positive_margin_makes_the_selection_independent_of_expert_order(seed,
     """Reversing the expert order flips every tie; where the margin is positive, the set stays."""
     gen = torch.Generator().manual_seed(seed)
     z = torch.randint(-4, 5, (8, 16), generator=gen).float() / 2  # coarse grid: ties are common
-    kw = dict(bias=torch.randint(0, 3, (16,), generator=gen).float(), n_group=4, topk_group=2) \
-        if method == "DeepSeekV3" else {}
+    kw = (
+        dict(bias=torch.randint(0, 3, (16,), generator=gen).float(), n_group=4, topk_group=2)
+        if method == "DeepSeekV3"
+        else {}
+    )
     if method == "MiniMax2":
         kw = dict(bias=torch.randint(0, 3, (16,), generator=gen).float())
     ids, _ = route(z, method, 3, **kw)
@@ -275,4 +302,3 @@ def test_a_positive_margin_makes_the_selection_independent_of_expert_order(seed,
     # route ranks fp32 scores: a margin below their rounding (~1e-7 of O(1) scores) is a tie there; seen at
     # seed 527 (dev profile), a group-score margin of 4.4e-16 that is fp64 round-off of an exact tie
     assert same.all(-1)[margin > 1e-6].all(), "a token with a clear margin changed its experts under relabeling"
-
