@@ -22,7 +22,7 @@ MORE = """--impl also takes:
 @cli.command("ci.backends")
 def main(argv=None) -> int:
     from fixtures.arch import ARCH_MARKERS
-    from fixtures.selection import _product_names, implementations_of
+    from fixtures.selection import product_names, implementations_of
 
     known = sorted(ARCH_MARKERS, key=lambda tag: int(tag[2:]))
     p = cli.Parser(
@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     unknown = [tag for tag in a.arch if tag not in (*known, "all")]
     if unknown:
         raise cli.InputError(f"unknown arch {', '.join(unknown)}; known arches: {', '.join(known)}, or all")
-    names = _product_names() if not a.arch or "all" in a.arch else implementations_of(a.arch)
+    names = product_names() if not a.arch or "all" in a.arch else implementations_of(a.arch)
     print("\n".join(names))
     return 0
 

@@ -24,8 +24,8 @@ Declared rules, per (implementation, EP size) present in both runs:
   rows are listed, never a regression;
 * the FlashInfer API snapshot diff (both folders hold ``api.json``, tools.snapshot_flashinfer_api): reported,
   not a regression by itself (an upgrade changes the API on purpose; its tests judge the changes);
-* time budget growth (ci.budget_growth): an implementation and EP size, or the session, whose tests' wall time grew
-  by more than budget_growth.GROWTH (1.5x) and GROWTH_FLOOR_S is a WARNING line, never a regression (exit 0): the same
+* time budget growth (ci.time_budget.growth): an implementation and EP size, or the session, whose tests' wall time grew
+  by more than time_budget.GROWTH (1.5x) and GROWTH_FLOOR_S is a WARNING line, never a regression (exit 0): the same
   code takes longer on a fresh host, where every kernel compiles, or a busy one.
 Last, a side-by-side table per (implementation, EP size): error quantiles, bitwise-equal outputs of the same
 cases (the records' output digests), median case time; informational.
@@ -44,7 +44,7 @@ from collections import defaultdict
 from pathlib import Path
 from xml.etree import ElementTree
 
-from ci import budget_growth, cli, runs
+from ci import cli, runs, time_budget
 from fixtures.results import case_records, expected_by_its_test, junit_outcomes, latency_rows, records
 
 FAULT_PREFIX = "faulty:"  # a fault wrapper's name (fixtures/backends/faulty.py), e.g. faulty:scale_1e-2@<backend>
@@ -250,7 +250,7 @@ def compare(old: Path, new: Path) -> tuple[int, list[str]]:
     ]
     slower, lines = latency_report(old, new)
     regressed |= slower
-    report += lines + api_report(old, new) + budget_growth.growth(old, new) + side_by_side(cases_old, cases_new)
+    report += lines + api_report(old, new) + time_budget.growth(old, new) + side_by_side(cases_old, cases_new)
     return (1 if regressed else 0), report
 
 
@@ -292,7 +292,7 @@ def main(argv=None) -> int:
             "not one run's shards (a test in two shards)",
         },
         more=f"A time budget that grew (ci.time_budget: an implementation and EP size, or the session, "
-        f"by over x{budget_growth.GROWTH:g} and {budget_growth.GROWTH_FLOOR_S:g} s) is a WARNING line, "
+        f"by over x{time_budget.GROWTH:g} and {time_budget.GROWTH_FLOOR_S:g} s) is a WARNING line, "
         "never a regression: the exit code stays 0 (a fresh or busy host takes longer, same code).",
     )
     p.add_argument("old", type=Path, nargs="?", help="the earlier run's results folder (or --old, repeated)")

@@ -53,7 +53,7 @@ def _split(x: torch.Tensor, beta: int):
     return hi, lo, top, lo.abs().amax(1, keepdim=True)
 
 
-def _two_sum(a: torch.Tensor, b: torch.Tensor):
+def two_sum(a: torch.Tensor, b: torch.Tensor):
     """``s = fl(a + b)`` and the exact error ``e`` with ``a + b = s + e`` (Knuth; separate IEEE ops)."""
     s = a + b
     bb = s - a
@@ -134,8 +134,8 @@ def _rounded_block(rows: _Rows, b32: torch.Tensor, beta_b: int) -> torch.Tensor:
     b_hi, b_lo, b_top, b_lo_max = _split(b32, beta_b)
     both = rows.both64 @ b_hi.double().t()  # one pass over the weights for two products
     exact, low_times_high = both[:n], both[n:]
-    correction, e1 = _two_sum(_times_sparse(rows.a64, b_lo, b_lo_max), low_times_high)
-    value, e2 = _two_sum(exact, correction)
+    correction, e1 = two_sum(_times_sparse(rows.a64, b_lo, b_lo_max), low_times_high)
+    value, e2 = two_sum(exact, correction)
     # The two correction products err by at most gamma_k times their absolute products, at most
     # k max|a_i| max|b_lo_j| and k max|a_lo_i| max|b_hi_j| (max|b_hi_j| <= 2 max|b_j|); zero where the
     # split left nothing.

@@ -14,14 +14,14 @@ import math
 
 import torch
 
-from reference.exact import _two_sum, rounded_mm
+from reference.exact import two_sum, rounded_mm
 
 
 def fma32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """fp32 ``a * b + c`` rounded once (CUDA's fmaf). The product of two fp32 values is exact in fp64; the sum
     is rounded to odd in fp64 (TwoSum gives its exact error), then to nearest fp32: correct, since fp64 keeps
     more than 24 + 1 bits (Boldo and Melquiond, IEEE Trans. Computers 57(4), 2008)."""
-    s, err = _two_sum(a.double() * b.double(), c.double())
+    s, err = two_sum(a.double() * b.double(), c.double())
     even = (s.view(torch.int64) & 1) == 0
     toward = torch.where(err > 0, math.inf, -math.inf).to(s.dtype)
     return torch.where((err != 0) & even, torch.nextafter(s, toward), s).float()

@@ -15,7 +15,7 @@ from reference.quant import (
     FP8_MAX,
     MX_BLOCK,
     MX_FORMATS,
-    _ceil_div,
+    ceil_div,
     block_amax,
     e2m1_decode,
     e2m1_encode,
@@ -38,7 +38,7 @@ def swizzle_128x4(scales: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"swizzle_128x4 takes a 2-D scale matrix, got shape {tuple(scales.shape)}")
     rows, cols = scales.shape
     raw = scales.view(torch.uint8) if scales.element_size() == 1 else scales
-    padded = torch.zeros(_ceil_div(rows, 128) * 128, _ceil_div(cols, 4) * 4, dtype=raw.dtype, device=raw.device)
+    padded = torch.zeros(ceil_div(rows, 128) * 128, ceil_div(cols, 4) * 4, dtype=raw.dtype, device=raw.device)
     padded[:rows, :cols] = raw
     tiles = padded.view(padded.shape[0] // 128, 4, 32, padded.shape[1] // 4, 4)  # rb, i, j, cb, c
     return tiles.permute(0, 3, 2, 1, 4).reshape(-1).view(scales.dtype)  # rb, cb, j, i, c
@@ -47,7 +47,7 @@ def swizzle_128x4(scales: torch.Tensor) -> torch.Tensor:
 def unswizzle_128x4(flat: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """Inverse of :func:`swizzle_128x4`: flat swizzled scales -> linear [rows, cols]."""
     raw = flat.view(torch.uint8) if flat.element_size() == 1 else flat
-    rb, cb = _ceil_div(rows, 128), _ceil_div(cols, 4)
+    rb, cb = ceil_div(rows, 128), ceil_div(cols, 4)
     if raw.numel() != rb * cb * 512:
         raise ValueError(f"expected {rb * cb * 512} swizzled scales for [{rows}, {cols}], got {raw.numel()}")
     tiles = raw.view(rb, cb, 32, 4, 4).permute(0, 3, 2, 1, 4)  # rb, i, j, cb, c

@@ -32,7 +32,7 @@ MX_FORMATS = {
 }
 
 
-def _ceil_div(a: int, b: int) -> int:
+def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
@@ -79,8 +79,8 @@ def _normalize_block(block, ndim: int) -> tuple[int, int] | None:
 
 def _pad_to_blocks(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
     """Zero-pad the last (two) dims up to whole blocks."""
-    pad_cols = _ceil_div(x.shape[-1], cols) * cols - x.shape[-1]
-    pad_rows = 0 if rows == 1 else _ceil_div(x.shape[-2], rows) * rows - x.shape[-2]
+    pad_cols = ceil_div(x.shape[-1], cols) * cols - x.shape[-1]
+    pad_rows = 0 if rows == 1 else ceil_div(x.shape[-2], rows) * rows - x.shape[-2]
     if pad_cols or pad_rows:
         x = torch.nn.functional.pad(x, (0, pad_cols, 0, pad_rows))
     return x

@@ -16,54 +16,9 @@ from dataclasses import dataclass
 from reference import tolerances
 from reference.evidence import EXACT_EVERY_BACKEND
 
-# The building blocks and the bounds, re-exported: a recipe module user needs no second import.
-from reference.numerics import BF16, BITWISE, FP32_ORDER, NONE, Quant, Systematic, Tolerance
-from reference.tolerances import (
-    E4M3_FLIP_BAND,
-    PROVISIONAL_SYSTEMATIC,
-    SYSTEMATIC_BF16,
-    SYSTEMATIC_FP4_PULL,
-    SYSTEMATIC_FP8_BLOCKWISE,
-    SYSTEMATIC_FP8_PER_TENSOR,
-    SYSTEMATIC_PUSH_FP8,
-)
+# The building blocks of a recipe and the bounds its tolerance takes.
+from reference.numerics import BF16, BITWISE, FP32_ORDER, NONE, Quant, Tolerance
 
-__all__ = [  # every name this module offered before the bounds moved to reference.tolerances
-    "ACCUM_DTYPES",
-    "ALL_RECIPES",
-    "BF16",
-    "BF16_WEIGHTS",
-    "BITWISE",
-    "CLAMP_STYLES",
-    "COMBINE_GROUPS",
-    "E4M3_FLIP_BAND",
-    "FP32_EXACT",
-    "FP32_ORDER",
-    "KERNEL_RECIPES",
-    "NONE",
-    "PLACEMENTS",
-    "PROVISIONAL_SYSTEMATIC",
-    "Quant",
-    "Recipe",
-    "SM100_BF16",
-    "SM100_DEEPGEMM_FP8_FP4",
-    "SM100_MXFP8",
-    "SM100_NVFP4",
-    "SM90_PULL_BF16",
-    "SM90_PULL_FP8_BLOCKWISE",
-    "SM90_PULL_FP8_MXFP4",
-    "SM90_PULL_FP8_NVFP4",
-    "SM90_PULL_FP8_PER_TENSOR",
-    "SM90_PUSH_CAKE_BF16",
-    "SM90_PUSH_FP8",
-    "SYSTEMATIC_BF16",
-    "SYSTEMATIC_FP4_PULL",
-    "SYSTEMATIC_FP8_BLOCKWISE",
-    "SYSTEMATIC_FP8_PER_TENSOR",
-    "SYSTEMATIC_PUSH_FP8",
-    "Systematic",
-    "Tolerance",
-]
 
 CLAMP_STYLES = ("gate_upper", "symmetric")
 PLACEMENTS = ("before_fc2_quant", "combine", "input")

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from ci import cli
-from fixtures.gsm8k_toy_server import Policy, serve
+from suites.gsm8k.toy_server import Policy, serve
 from gates.gsm8k import client, dataset, gate, prompts
 
 

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from gates.gsm8k import dataset
-from fixtures.gsm8k_toy_server import Policy, serve
+from suites.gsm8k.toy_server import Policy, serve
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from gates.gsm8k import gate
 from gates.gsm8k.run import GateConfig, ServerSpec, run_gate
 
 pytestmark = pytest.mark.cpu
-TOY = f"{sys.executable} -m fixtures.gsm8k_toy_server --port {{port}} --max-seconds 600"
+TOY = f"{sys.executable} -m suites.gsm8k.toy_server --port {{port}} --max-seconds 600"
 RULE = {"accuracy_threshold": 0.80, "tolerance": 0.0, "max_drop": 0.02, "alpha": 0.05, "max_invalid_rate": 0.05}
 # The toy answers in microseconds, so 8 requests in flight keep it busy; 64 cost three times the seconds in httpcore's
 # pool bookkeeping alone (it grows with the square of the connections). test_client asks at 32 under faults.

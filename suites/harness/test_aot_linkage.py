@@ -14,7 +14,7 @@ import pytest
 
 from ci import aot_linkage
 from tools import driver_stub
-from fixtures.shared_objects import CC, DRIVER_CALLER, FAKE_CUDA_H, NO_DRIVER, compile_so
+from suites.harness.shared_objects import CC, DRIVER_CALLER, FAKE_CUDA_H, NO_DRIVER, compile_so
 
 pytestmark = [
     pytest.mark.harness,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.shared_objects import CC, DRIVER_CALLER, NO_DRIVER, compile_so
+from suites.harness.shared_objects import CC, DRIVER_CALLER, NO_DRIVER, compile_so
 
 pytestmark = [
     pytest.mark.harness,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from fixtures import systematic
-from reference.recipes import PROVISIONAL_SYSTEMATIC as BOUNDS
+from reference.tolerances import PROVISIONAL_SYSTEMATIC as BOUNDS
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 T, K, H, E = 64, 4, 256, 8

@@ -13,7 +13,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from ci import budget_growth, cli, compare_runs, time_budget
+from ci import cli, compare_runs, time_budget
 from ci.time_budget import PARTS, compiles
 from fixtures.results import records
 from reference.evidence import RAW_NIGHTLY_GREEN, RAW_RESTRUCTURE_UNCHANGED
@@ -319,7 +319,7 @@ def test_compare_runs_warns_of_a_grown_budget_and_stays_green(tmp_path, capsys):
 
 def test_two_clean_h200_runs_warn_of_nothing_in_either_order():
     nightly, restructured = ROOT / RAW_NIGHTLY_GREEN / "night", ROOT / RAW_RESTRUCTURE_UNCHANGED
-    assert budget_growth.growth(nightly, restructured) == [] and budget_growth.growth(restructured, nightly) == []
+    assert time_budget.growth(nightly, restructured) == [] and time_budget.growth(restructured, nightly) == []
 
 
 @pytest.mark.parametrize(
@@ -353,6 +353,6 @@ def test_markdown_table_for_the_report():
 def test_a_record_of_another_suite_version_is_not_compared_and_says_so(tmp_path):
     old = _folder(tmp_path, "old", 20.0)
     _write(tmp_path / "odd", "tests", [{"time": 5.0, "impl": "x"}])
-    assert budget_growth.growth(old, tmp_path / "odd") == [
+    assert time_budget.growth(old, tmp_path / "odd") == [
         "time budget not compared: a per-test or session record lacks a field ('ep')"
     ]

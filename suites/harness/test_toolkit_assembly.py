@@ -16,7 +16,7 @@ import pytest
 from fixtures.flashinfer import jit_modules
 from fixtures.flashinfer.descriptors import installed_version
 from ci import cli
-from fixtures.shared_objects import CC, FAKE_CUDA_H, compile_so
+from suites.harness.shared_objects import CC, FAKE_CUDA_H, compile_so
 from tools import driver_stub, toolkit_assembly, toolkit_check
 
 pytestmark = [
