@@ -17,7 +17,7 @@ import sys
 import jsonschema
 
 from ci import cli
-from fixtures.checks import CHECKS
+from fixtures.checks import CHECKS, ConformanceFailure, triage
 from fixtures.scheduler import close_all
 from fixtures.implementation import load
 from fixtures.problem import EXACT_PATTERN, PATTERNS, BatchCase, LayerCase, Scenario, make_batch
@@ -103,6 +103,8 @@ def verdicts(subject: Subject, scenario: Scenario, names: list[str], seed: int) 
         try:
             check.run(subject, scenario, seed, state)
             out.append((name, True, ""))
+        except ConformanceFailure as exc:  # the verdict, judged as at a test's boundary (a layer with a history)
+            out.append((name, False, str(triage(exc))))
         except AssertionError as exc:
             out.append((name, False, str(exc)))
     return out

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from fixtures import bug_ledger, results
 from fixtures.backends.faulty import DEFAULT_INNER, FAULTS
-from fixtures.checks import CHECKS, ConformanceFailure, run_checks
-from fixtures.history import HistoryDependence
+from fixtures.checks import CHECKS, ConformanceFailure, run_checks, triage
+from fixtures.triage import find_failure
 from fixtures.implementation import load
 from fixtures.runner import Subject
 from fixtures.strategies import scenarios
@@ -33,16 +33,11 @@ SMALL = dict(max_hidden=96, max_experts=16, max_tokens_per_rank=40)  # small lay
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _find_failure(exc: BaseException) -> ConformanceFailure | None:
-    if isinstance(exc, ConformanceFailure):
-        return exc
-    if isinstance(exc, HistoryDependence):
-        return exc.failure
-    for inner in getattr(exc, "exceptions", ()):
-        found = _find_failure(inner)
-        if found:
-            return found
-    return _find_failure(exc.__cause__) if exc.__cause__ else None
+def _find_failure(exc: Exception) -> ConformanceFailure | None:
+    """The check's failure inside whatever hypothesis raised (it may wrap it in a group), judged as at a test's
+    boundary (fixtures.checks.triage: a failure on a layer with a history is rerun on a fresh layer)."""
+    failure = find_failure(exc)
+    return None if failure is None else triage(failure)
 
 
 def _names(check: str) -> list[str]:
@@ -74,7 +69,7 @@ def _search(spec: str, check: str, examples: int) -> tuple[ConformanceFailure | 
 
     try:
         search()
-    except BaseException as exc:  # hypothesis may wrap the failure; a history failure is a BaseException
+    except Exception as exc:  # hypothesis may wrap the failure (a group)
         failure = _find_failure(exc)
         if failure is None:
             raise

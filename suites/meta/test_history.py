@@ -1,6 +1,7 @@
 """A kernel whose output depends on its earlier calls is named for what it is (fixtures.history): the generic suite
-fails it as ``[history]`` within seconds, past hypothesis (no shrinking, no FlakyFailure), with a reproduction that
-fails again; a plain fault on a layer with a history stays its own check; a clean layer never triggers it."""
+fails it as ``[history]`` within seconds, at the test's boundary (fixtures.triage, past hypothesis), with a
+reproduction that fails again; a plain fault on a layer with a history stays its own check; a clean layer never
+triggers it. The check's failure path reruns nothing: the triage does, at the boundary."""
 
 from __future__ import annotations
 
@@ -15,12 +16,13 @@ import pytest
 import torch
 
 from ci import repro
-from fixtures.checks import ConformanceFailure, check_oracle
+from fixtures.checks import AfterHistory, ConformanceFailure, check_oracle, triage
 from fixtures.scheduler import isolated
-from fixtures.history import HistoryDependence, HistoryFailure, check_history, judge
+from fixtures.history import HistoryFailure, check_history
 from fixtures.implementation import load
 from fixtures.problem import BatchCase, LayerCase, Scenario
 from fixtures.runner import RunResult, Subject, run_scenario
+from fixtures.triage import judged
 
 pytestmark = [pytest.mark.meta, pytest.mark.cpu]
 generic = importlib.import_module("suites.conformance.test_generic")  # a module: its tests are not collected here
@@ -57,13 +59,13 @@ def _reproduction(message: str) -> list[str]:
 
 @pytest.mark.parametrize("ep", [1, 2])
 def test_the_generic_suite_names_it_within_seconds_and_its_reproduction_fails_again(ep):
-    """The generic suite's test_matches_reference (its hypothesis test, called here): [history] within
-    CAUGHT_WITHIN_S seconds, past hypothesis (no shrinking, no FlakyFailure). The printed reproduction fails the
-    same way: run as printed at EP2 (a subprocess), through ci.repro's own functions at EP1."""
+    """The generic suite's test_matches_reference (its hypothesis test, called here through the boundary that wraps
+    every test, fixtures.triage): [history] within CAUGHT_WITHIN_S seconds, past hypothesis. The printed
+    reproduction fails the same way: run as printed at EP2 (a subprocess), through ci.repro's own functions at EP1."""
     subject = Subject(FAULT, load(FAULT), ep)
     started = time.monotonic()
-    with pytest.raises(HistoryDependence) as caught:
-        generic.test_matches_reference(subject)
+    with pytest.raises(HistoryFailure) as caught:
+        judged(generic.test_matches_reference, subject)
     seconds = time.monotonic() - started
     text = str(caught.value)
     assert text.startswith(f"[history] {FAULT} at EP{ep}: the output depends on the layer's earlier calls: batch "), (
@@ -87,7 +89,8 @@ def test_the_generic_suite_names_it_within_seconds_and_its_reproduction_fails_ag
 
 @pytest.mark.parametrize("ep", [1, 2])
 def test_a_plain_fault_on_a_layer_with_a_history_stays_its_own_check(ep):
-    """A 1% scale fails the same batch on a fresh layer too: reported as [systematic], saying so."""
+    """A 1% scale fails the same batch on a fresh layer too: reported as [systematic], saying so, by the triage (the
+    check itself reruns nothing: its failure on a layer with a history is an AfterHistory, the triage's input)."""
     spec = "faulty:scale_1e-2"
     subject, scenario = Subject(spec, load(spec), ep), _scenario(ep, seed=40, tokens=16)  # enough for the systematic
     with pytest.raises(ConformanceFailure) as caught:
@@ -95,10 +98,12 @@ def test_a_plain_fault_on_a_layer_with_a_history_stays_its_own_check(ep):
     text = str(caught.value)
     assert not isinstance(caught.value, HistoryFailure) and text.startswith(f"[systematic] {spec} at EP{ep}"), text
     assert "fails on a fresh layer too" not in text  # batch 1: the layer was fresh, nothing to rerun
-    with pytest.raises(ConformanceFailure) as again:  # the same layer, now with a history
+    with pytest.raises(AfterHistory) as again:  # the same layer, now with a history
         check_oracle(subject, scenario)
-    text = str(again.value)
-    assert not isinstance(again.value, HistoryFailure) and text.startswith(f"[systematic] {spec} at EP{ep}"), text
+    assert "fresh layer" not in str(again.value)  # nothing rerun on the failure path
+    judgement = triage(again.value)
+    text = str(judgement)
+    assert not isinstance(judgement, HistoryFailure) and text.startswith(f"[systematic] {spec} at EP{ep}"), text
     assert "the same batch fails on a fresh layer too" in text, text
 
 
@@ -113,10 +118,14 @@ def test_a_clean_layer_never_triggers_it(ep):
 
 
 def test_a_failure_on_a_fresh_layer_is_not_rerun():
-    """Nothing ran before the failing batch: its message is passed on as it is, and nothing is rerun."""
+    """Nothing ran before the failing batch: its verdict is a plain ConformanceFailure, which the triage passes on as
+    it is, rerunning nothing."""
     subject = Subject(FAULT, load(FAULT), 1)
     never = dataclasses.replace(subject, implementation=None)  # a rerun would fail on it
-    assert judge("oracle", never, _scenario(1), None, RunResult([[torch.zeros(6, 32)]] * 2, 0), 0, "m") == "m"
+    failure = ConformanceFailure(
+        "m", check="oracle", subject=never, scenario=_scenario(1), run=RunResult([[torch.zeros(6, 32)]] * 2, 0)
+    )
+    assert triage(failure) is failure
 
 
 @pytest.mark.parametrize("ep", [1, 2])
