@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from fixtures import bug_ledger, results
@@ -23,6 +23,7 @@ from fixtures.triage import find_failure
 from fixtures.implementation import load
 from fixtures.runner import Subject
 from fixtures.strategies import scenarios
+from suites.meta.fault_search import search_settings
 
 pytestmark = [pytest.mark.meta, pytest.mark.cpu]
 
@@ -53,15 +54,7 @@ def _search(spec: str, check: str, examples: int) -> tuple[ConformanceFailure | 
     single = CHECKS[check].single_batch
     ran = []
 
-    @settings(
-        max_examples=examples,
-        derandomize=True,
-        database=None,
-        deadline=None,
-        phases=[Phase.explicit, Phase.generate],
-        report_multiple_bugs=False,
-        suppress_health_check=list(HealthCheck),
-    )
+    @search_settings(examples)
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def search(data, seed):
         ran.append(1)

@@ -22,6 +22,7 @@ from fixtures.backends.faulty import FAULTS, LEDGER_FAULTS, SCALE_SIZE, resoluti
 from reference.recipes import ALL_RECIPES
 from fixtures.strategies import scenarios
 from fixtures.runner import Subject
+from suites.meta.fault_search import search_settings
 
 pytestmark = [pytest.mark.meta, pytest.mark.cpu]
 
@@ -44,15 +45,7 @@ def _search(fault: str, names=None, inner: str = "") -> tuple[ConformanceFailure
     examples = []
     single = names is not None and all(CHECKS[n].single_batch for n in names)
 
-    @settings(
-        max_examples=MAX_EXAMPLES,
-        derandomize=True,
-        database=None,
-        deadline=None,
-        phases=[Phase.explicit, Phase.generate],
-        report_multiple_bugs=False,
-        suppress_health_check=list(HealthCheck),
-    )
+    @search_settings(MAX_EXAMPLES)
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def generic_checks(data, seed):
         examples.append(1)
