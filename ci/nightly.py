@@ -239,9 +239,6 @@ def main(argv=None) -> int:
         env_info["api_snapshot"] = f"not taken: {type(err).__name__}: {err}"
     common = {
         settings.HYPOTHESIS_PROFILE.name: a.profile,
-        "NCCL_NVLS_ENABLE": "0",
-        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-        "NVSHMEM_DISABLE_NVLS": "1",
         **({settings.HYPOTHESIS_EXAMPLES.name: str(a.examples)} if a.examples else {}),
     }
     log, worst, refused = out / "nightly.log", 0, False
