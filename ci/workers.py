@@ -8,6 +8,8 @@ applies them to ``python -m pytest`` and ``bash ci/test.sh`` alike; this command
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import sys
 
 from ci import cli
@@ -25,11 +27,11 @@ def main(argv=None) -> int:
         codes={cli.INPUT: f"{settings.WORKERS.name} is invalid (the message says what it accepts)"},
     )
     p.parse_args(argv)
-    try:
-        asked = settings.WORKERS.get()
+    try:  # the plugin's decision for a command with no options of its own
+        chosen = spread.layout(argparse.Namespace(), importlib.util.find_spec("xdist") is not None)
     except settings.SettingError as err:
         raise cli.InputError(str(err)) from None
-    print(spread.decide(asked))
+    print(chosen.workers)
     return 0
 
 
