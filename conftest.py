@@ -5,7 +5,7 @@
   of an arch that ``-m`` names (``pytest -m sm90``: every Hopper backend) or that a GPU here has.
 * ``--ep 1,2,4,8`` (env ``MOE_CONFORMANCE_EP``): the EP sizes.
 * hypothesis profile: ``--hypothesis-profile dev|ci|nightly|repro|no-shrink`` (env ``MOE_HYPOTHESIS_PROFILE``;
-  fixtures.profiles); ``MOE_HYPOTHESIS_EXAMPLES=N`` caps its examples. Every ``MOE_*`` variable: fixtures.settings.
+  fixtures.core.profiles); ``MOE_HYPOTHESIS_EXAMPLES=N`` caps its examples. Every ``MOE_*`` variable: fixtures.settings.
 * markers ``sm90``/``sm100``/``sm107``/``sm120`` run only on a GPU of that arch and skip elsewhere,
   saying why.
 """
@@ -20,26 +20,30 @@ import pytest
 import torch
 from hypothesis import settings
 
-from fixtures import arch, cuda_health, draw_keys, host_threads, results, spread, time_spent
-from fixtures.dist.inprocess import launched_by_torchrun
-from fixtures.pool_order import pool_subject
-from fixtures.selection import deselect_other_implementations, ep_skip_reason, selected_ep_sizes, selected_impls
+from fixtures import arch
+from fixtures.pools import cuda_health, host_threads
+from fixtures.plugin import draw_keys
+from fixtures.core import results, time_spent
+from fixtures.scheduling import spread
+from fixtures.pools.inprocess import launched_by_torchrun
+from fixtures.scheduling.pool_order import pool_subject
+from fixtures.core.selection import deselect_other_implementations, ep_skip_reason, selected_ep_sizes, selected_impls
 
-# The hypothesis profile is loaded by fixtures.options (fixtures.profiles), before this module is imported.
+# The hypothesis profile is loaded by fixtures.plugin.options (fixtures.core.profiles), before this module is imported.
 _UNDER_TORCHRUN = launched_by_torchrun()
 
 
 def pytest_configure(config):
     results.configure(config.getoption("--results-dir"))
-    host_threads.apply()  # on a GPU host: the cores the rank pools leave (fixtures.host_threads)
+    host_threads.apply()  # on a GPU host: the cores the rank pools leave (fixtures.pools.host_threads)
 
 
 def pytest_report_header(config):
     # The torch and FlashInfer under test: version, the folder each is loaded from (a source build shows its
-    # checkout) and how it was installed (fixtures.environment_report; FlashInfer is located, not imported).
+    # checkout) and how it was installed (fixtures.plugin.environment_report; FlashInfer is located, not imported).
     import sys
 
-    from fixtures import environment_report
+    from fixtures.plugin import environment_report
 
     try:
         import importlib.metadata as md
@@ -53,7 +57,7 @@ def pytest_report_header(config):
         f"hypothesis-profile={settings.get_current_profile_name()}",
         f"torch {torch.__version__} (cuda {torch.version.cuda}, {arch.describe()}), flashinfer-python {fi}, "
         f"python {platform.python_version()} ({sys.executable}), this process's CPU threads "
-        f"{torch.get_num_threads()} of {os.cpu_count()} cores (fixtures.host_threads)",
+        f"{torch.get_num_threads()} of {os.cpu_count()} cores (fixtures.pools.host_threads)",
         *environment_report.lines(),
         f"env: {env or '{}'}",
     ] + _interleave_line()
@@ -62,12 +66,12 @@ def pytest_report_header(config):
 def _interleave_line() -> list[str]:
     """Which weight interleave the FP8 x FP4 pull kernels get here (F13), where the installed FlashInfer has them."""
     try:
-        from fixtures.flashinfer.descriptors import DESCRIPTORS
+        from fixtures.backends.flashinfer.descriptors import DESCRIPTORS
     except Exception:  # noqa: BLE001 (no FlashInfer: nothing to say)
         return []
     if not any(d.jit_prerequisites for d in DESCRIPTORS):
         return []
-    from fixtures.flashinfer import cute_dsl_cache, interleave
+    from fixtures.backends.flashinfer import cute_dsl_cache, interleave
 
     return [interleave.describe(), cute_dsl_cache.describe()]
 
@@ -75,7 +79,7 @@ def _interleave_line() -> list[str]:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     # --impl's tests only, and the arch markers' skips. The order and the xdist groups are the scheduler's
-    # (fixtures.scheduling_plugin).
+    # (fixtures.plugin.scheduler_hooks).
     deselect_other_implementations(config, items)
     for item in items:
         for tag in arch.ARCH_MARKERS:
@@ -87,7 +91,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(hookwrapper=True, trylast=True)  # inside hypothesis's wrapper, which sets the key from the node id
 def pytest_runtest_call(item):
-    """Under pytest-xdist a test draws what it draws in one process (fixtures.draw_keys)."""
+    """Under pytest-xdist a test draws what it draws in one process (fixtures.plugin.draw_keys)."""
     draw_keys.drop_group_from_key(item)
     yield
 
@@ -116,7 +120,7 @@ def pytest_sessionstart(session):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Each test's wall time and its parts (fixtures.time_spent), grouped as its rank pool, for ci.time_budget."""
+    """Each test's wall time and its parts (fixtures.core.time_spent), grouped as its rank pool, for ci.time_budget."""
     group = spread.group_of(item)
     time_spent.take()
     started, own = time.monotonic(), time_spent.cute_dsl_counts()  # this process's compiles (in-process GPU tests)
@@ -148,13 +152,13 @@ def pytest_runtest_logstart(nodeid, location):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    results.mark_running(None)  # (the rank pools close in fixtures.scheduling_plugin)
+    results.mark_running(None)  # (the rank pools close in fixtures.plugin.scheduler_hooks)
 
 
 def subject_params(config) -> list:
     """(implementation, EP size) pairs for tests that take the ``subject`` fixture; unsupported pairs
     stay in the list as skips that say why, and carry the implementation's arch marker."""
-    from fixtures.implementation import load
+    from fixtures.core.implementation import load
 
     params = []
     for spec in selected_impls(config):
@@ -182,7 +186,7 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture
 def subject(request):
-    from fixtures.runner import Subject
+    from fixtures.core.runner import Subject
 
     spec, impl, ep = request.param
     return Subject(spec, impl, ep)

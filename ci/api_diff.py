@@ -104,7 +104,7 @@ SECTIONS = (
 
 def read_snapshot(path: str) -> dict:
     """A snapshot file, or an InputError saying why it is not one."""
-    accepted = "give two JSON files written by python -m tools.snapshot_flashinfer_api (fixtures/flashinfer/api-*.json)"
+    accepted = "give two JSON files written by python -m tools.snapshot_flashinfer_api (fixtures/backends/flashinfer/api-*.json)"
     try:
         snap = json.loads(Path(path).read_text())
     except OSError as err:

@@ -22,7 +22,7 @@ MORE = """--impl also takes:
 @cli.command("ci.backends")
 def main(argv=None) -> int:
     from fixtures.arch import ARCH_MARKERS
-    from fixtures.selection import product_names, implementations_of
+    from fixtures.core.selection import product_names, implementations_of
 
     known = sorted(ARCH_MARKERS, key=lambda tag: int(tag[2:]))
     p = cli.Parser(

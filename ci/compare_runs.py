@@ -3,7 +3,7 @@
     python -m ci.compare_runs OLD NEW      # exit 0: no regression, 1: regression, 4: incomparable
     python -m ci.compare_runs --old A1 --old A2 --new B1 --new B2   # each run's shards, merged (ci.runs)
 
-A folder is a run folder (fixtures.run_folder), a results folder (every run under it), or ci.nightly's folder.
+A folder is a run folder (fixtures.plugin.run_folder), a results folder (every run under it), or ci.nightly's folder.
 
 Declared rules, per (implementation, EP size) present in both runs:
 * a new failure: a (check, implementation, EP size) that failed in NEW and not in OLD (fixed ones are
@@ -45,7 +45,7 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 from ci import cli, runs, time_budget
-from fixtures.results import case_records, expected_by_its_test, junit_outcomes, latency_rows, records
+from fixtures.core.results import case_records, expected_by_its_test, junit_outcomes, latency_rows, records
 
 FAULT_PREFIX = "faulty:"  # a fault wrapper's name (fixtures/backends/faulty.py), e.g. faulty:scale_1e-2@<backend>
 

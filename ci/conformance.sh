@@ -9,6 +9,6 @@ cd "$(dirname "$0")/.."
 # a set-up that fails stops here with its own code (ci/setup.sh: 4 a bad setting, 6 could not install), never one of
 # pytest's; after it, pytest's exit code is this command's (docs/running.md#exit-codes)
 py="$(bash ci/setup.sh)" || exit $?
-# the workers, the rank processes' environment and the hypothesis profile: the suite's plugin (fixtures.spread)
+# the workers, the rank processes' environment and the hypothesis profile: the suite's plugin (fixtures.scheduling.spread)
 exec "$py" -m pytest --rootdir "$PWD" -c "$PWD/pytest.ini" suites/conformance suites/flashinfer --impl "${MOE_CONFORMANCE_IMPL:-all}" \
   --results-dir "${MOE_RESULTS_DIR:-results}" "$@"

@@ -12,7 +12,7 @@ command (its set-up, ini and defaults; the nightly adds its profile, the progres
      worker per GPU (``--dist loadgroup``: each rank pool's tests on one worker), each worker and its rank pools
      pinned to its GPU (``junit-ep1.xml``), then EP2/4/8 (``pytest -m "ARCH and ep" --ep 2,4,8``) in one process
      that sees every GPU (``junit-ep2-8.xml``): a backend takes a GPU per rank where there are enough and shares
-     GPU 0 where it may and there are not (fixtures.placement; each per-case record says which);
+     GPU 0 where it may and there are not (fixtures.pools.placement; each per-case record says which);
   2. ``python -m tools.bench_latency`` (a GPU only), then ``python -m ci.report``.
 The folder holds the JUnit files, the per-case records, ``env.json`` (versions, GPUs,
 driver, commit, each phase's wall time), ``api.json`` (the FlashInfer API snapshot, for ci.compare_runs),
@@ -100,7 +100,7 @@ def phase_commands(arch: str, devices: list[int], out: Path, extra: list[str]) -
         "bash",
         str(ROOT / "ci" / "test.sh"),
         "-p",
-        "fixtures.progress",
+        "fixtures.plugin.progress",
         "-p",
         "no:cacheprovider",
         "--results-dir",
@@ -122,9 +122,9 @@ def phase_commands(arch: str, devices: list[int], out: Path, extra: list[str]) -
         "--dist",
         "loadgroup",
     ]
-    # -p fixtures.options: a replacement for a crashed xdist worker parses the command line before any conftest
+    # -p fixtures.plugin.options: a replacement for a crashed xdist worker parses the command line before any conftest
     # (ci/test.sh says more)
-    ep1 += ["-p", "fixtures.options"]
+    ep1 += ["-p", "fixtures.plugin.options"]
     env1 = {
         settings.PIN_WORKER_GPU.name: "1",
         settings.GPU_LIST.name: ",".join(map(str, devices)),
@@ -135,7 +135,7 @@ def phase_commands(arch: str, devices: list[int], out: Path, extra: list[str]) -
 
 
 def run(cmd: list, env: dict, log: Path, timeout: float) -> tuple[int, float, str]:
-    """Run a phase, its output into ``log``; the progress lines (fixtures.progress) also to this console. Returns
+    """Run a phase, its output into ``log``; the progress lines (fixtures.plugin.progress) also to this console. Returns
     the exit status, the seconds and the last line of output: where a process dies without a summary (the dynamic
     loader's "symbol lookup error", exit 127, on the H200) that line is the only word on why."""
     started, last = time.monotonic(), ""
@@ -163,7 +163,7 @@ def nothing_tested(out: Path, arch: str) -> str | None:
     """Why a night whose phases all passed tested nothing (no test ran, or every test skipped), else None: such a
     night is red, since a green one must have tested something."""
     from fixtures import arch as arches
-    from fixtures.results import junit_outcomes
+    from fixtures.core.results import junit_outcomes
 
     outcomes = junit_outcomes(out)
     known = (

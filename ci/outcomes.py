@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from ci import cli
-from fixtures import results
+from fixtures.core import results
 
 OUTCOMES = ("passed", "failed", "skipped", "xfailed")
 _EP = re.compile(r"-EP(\d+)(?:\]|-)")
@@ -28,9 +28,9 @@ _EP = re.compile(r"-EP(\d+)(?:\]|-)")
 
 def known_names() -> list[str]:
     """Every name a test id may carry, longest first."""
-    from fixtures.flashinfer.descriptors import ALL_DESCRIPTORS
-    from fixtures.flashinfer.routing_ops import OPS
-    from fixtures.implementation import registered_names
+    from fixtures.backends.flashinfer.descriptors import ALL_DESCRIPTORS
+    from fixtures.backends.flashinfer.routing_ops import OPS
+    from fixtures.core.implementation import registered_names
 
     names = set(registered_names()) | {d.impl_name for d in ALL_DESCRIPTORS} | {op.name for op in OPS}
     return sorted(names, key=len, reverse=True)

@@ -23,8 +23,8 @@ from xml.etree import ElementTree
 
 from ci import cli, report_baseline, report_bounds, runs, report_failures, report_outcomes, report_plots
 from ci.report_html import to_html
-from fixtures.results import case_records, junit_outcomes, latency_rows, left_running, records
-from fixtures.results import text as results_text
+from fixtures.core.results import case_records, junit_outcomes, latency_rows, left_running, records
+from fixtures.core.results import text as results_text
 from tools import bench_cases
 
 CODES = {

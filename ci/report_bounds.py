@@ -1,7 +1,7 @@
 """Each error figure of the per-case records with the bound its check held it to: the tolerance the record carries
-(fixtures.results), for older records the backend's effective one; the global bounds widened for an output of few
+(fixtures.core.results), for older records the backend's effective one; the global bounds widened for an output of few
 tokens (reference.numerics.Tolerance.global_bounds); the systematic gain's floor plus its t * standard error
-(fixtures.systematic). The report's table and its plots read these points."""
+(fixtures.core.systematic). The report's table and its plots read these points."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fixtures.results import case_records, tolerance_fields
+from fixtures.core.results import case_records, tolerance_fields
 
 if TYPE_CHECKING:
     from reference.numerics import Tolerance
@@ -37,7 +37,7 @@ class Point:
 
 def tolerances_of(folder) -> dict[str, dict | None]:
     """Backend -> the tolerance its checks held its cases to: recorded with each case; for records written before
-    they carried it, the backend's effective tolerance (fixtures.implementation) by its name, None if it no longer
+    they carried it, the backend's effective tolerance (fixtures.core.implementation) by its name, None if it no longer
     loads."""
     return tolerances_from(case_records(folder))
 
@@ -51,7 +51,7 @@ def tolerances_from(cases) -> dict[str, dict | None]:
 
 
 def _effective_tolerance(impl: str) -> dict | None:
-    from fixtures.implementation import load  # here: it imports torch (~2 s), which a usage error need not pay
+    from fixtures.core.implementation import load  # here: it imports torch (~2 s), which a usage error need not pay
 
     try:
         return tolerance_fields(load(impl).capabilities.effective_tolerance)
@@ -83,8 +83,8 @@ def _rows(scenario: str, batch, rank) -> int | None:
 
 
 def points(cases: list, tolerances: dict[str, dict | None] | None = None) -> list[Point]:
-    """Every figure of the per-case records ``cases`` (fixtures.results.CaseRecord) with its bound."""
-    from fixtures.systematic import t_multiplier  # here, as reference.numerics above
+    """Every figure of the per-case records ``cases`` (fixtures.core.results.CaseRecord) with its bound."""
+    from fixtures.core.systematic import t_multiplier  # here, as reference.numerics above
 
     tolerances = tolerances_from(cases) if tolerances is None else tolerances
     out = []

@@ -1,5 +1,5 @@
 """The report's failures: each failed test with its first line and reproduction, from its failure record
-(fixtures.results) or else from pytest's report in the JUnit file; then failure records no failed test explains
+(fixtures.core.results) or else from pytest's report in the JUnit file; then failure records no failed test explains
 (a folder without JUnit files). Records a test expected (a fault wrapper caught, a finding's xfail) are counted,
 not listed."""
 
@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from ci.report_outcomes import Test, heading, slug
-from fixtures.results import expected_by_its_test, records
+from fixtures.core.results import expected_by_its_test, records
 
 
 def reproduction(text: str) -> str:

@@ -3,7 +3,7 @@
     python -m ci.repro --impl reference-ep --checks oracle --scenario '<scenario JSON>' [--seed N]
 
 Runs the scenario on a fresh rank pool of the scenario's EP size, through each named check of the
-registry (fixtures.checks.CHECKS), and prints the verdict of each. Exit 0: every check passes; 1: a check
+registry (fixtures.core.checks.CHECKS), and prints the verdict of each. Exit 0: every check passes; 1: a check
 failed (reproduced); 4: unusable input (a scenario that is not JSON or not a valid scenario, an unknown
 implementation or check), said in one line before anything runs.
 """
@@ -17,16 +17,16 @@ import sys
 import jsonschema
 
 from ci import cli
-from fixtures.checks import CHECKS, ConformanceFailure, triage
-from fixtures.scheduler import close_all
-from fixtures.implementation import load
-from fixtures.problem import EXACT_PATTERN, PATTERNS, BatchCase, LayerCase, Scenario, make_batch
-from fixtures.runner import Subject
+from fixtures.core.checks import CHECKS, ConformanceFailure, triage
+from fixtures.scheduling.scheduler import close_all
+from fixtures.core.implementation import load
+from fixtures.core.problem import EXACT_PATTERN, PATTERNS, BatchCase, LayerCase, Scenario, make_batch
+from fixtures.core.runner import Subject
 from reference.routing import METHOD_TABLE
 
 _TYPES = {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}
 _AT_LEAST_1 = ("num_experts", "hidden", "intermediate", "top_k", "capacity", "ep_size")
-_CHOICES = {"method": sorted(METHOD_TABLE), "pattern": [*PATTERNS, EXACT_PATTERN]}  # exact: fixtures.exact_check
+_CHOICES = {"method": sorted(METHOD_TABLE), "pattern": [*PATTERNS, EXACT_PATTERN]}  # exact: fixtures.core.exact_check
 
 
 def _schema_of(cls, required=None) -> dict:

@@ -15,8 +15,8 @@ import sys
 import torch
 
 from ci import cli
-from fixtures.flashinfer.routing_check import RoutingCase, check
-from fixtures.flashinfer.routing_ops import BY_NAME
+from fixtures.backends.flashinfer.routing_check import RoutingCase, check
+from fixtures.backends.flashinfer.routing_ops import BY_NAME
 from reference.routing import METHOD_TABLE
 
 CODES = {

@@ -1,6 +1,6 @@
 """Several results folders read as one: the shards of one run (``pytest --shard K/N``, each on its own machine), merged.
 
-A folder given here is a run folder (fixtures.run_folder), a results folder holding run folders, or a folder of
+A folder given here is a run folder (fixtures.plugin.run_folder), a results folder holding run folders, or a folder of
 ci.nightly's (its phases' run folders, its JUnit files, env.json). Merging copies each into ``OUT/inputs/<i>-<name>``
 and writes there what ci.report and ci.compare_runs read at the top: ``env.json`` (the first input's, its phases
 named after their input), ``api.json`` and ``latency.json`` (the first input's that has one) and
@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 
 from ci import cli
-from fixtures import run_folder
+from fixtures.plugin import run_folder
 
 MERGED_SUMMARY = "merged-summary.json"
 _WORST = ("skipped", "xfailed", "passed", "xpassed", "failed", "error")
@@ -34,7 +34,7 @@ def summaries(folders: list[Path]) -> list[tuple[Path, dict]]:
         try:
             found += run_folder.summaries(folder)
         except run_folder.SummaryError as err:
-            raise cli.InputError(f"{err}; a summary.json follows fixtures/summary.schema.json") from None
+            raise cli.InputError(f"{err}; a summary.json follows fixtures/plugin/summary.schema.json") from None
     check(found)
     return found
 

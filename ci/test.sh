@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's own tests, set-up included: the README's test command, and what .ci/run calls.
 # Set-up (ci/setup.sh), then the same pytest command a user types in the checkout: the suite's plugin decides the
-# rest (pytest-xdist workers, the rank processes' environment, the hypothesis profile: fixtures.spread). On a CPU
+# rest (pytest-xdist workers, the rank processes' environment, the hypothesis profile: fixtures.scheduling.spread). On a CPU
 # machine every GPU test skips with its reason; the CPU tier runs reference-ep at EP1/2/4/8.
 # Relative PYTHONPATH entries name the caller's folders (a plugin in the user's own repository), as they would for a
 # pytest started there; path arguments name the checkout's.

@@ -6,7 +6,7 @@ Seconds per implementation and EP size (the tests of its rank pool, as conftest.
 add up to its total, the tests' own wall time (setup, call and teardown):
 * pool start: waiting for rank pools to start (torch and FlashInfer imports, NVSHMEM bootstrap); a pool started
   ahead counts only what was left of its start and of its warm-up, the layers it builds ahead (``pools-*.jsonl``
-  records every start, ``warmups-*.jsonl`` every warm-up: fixtures.dist.warmup);
+  records every start, ``warmups-*.jsonl`` every warm-up: fixtures.scheduling.warmup);
 * compiles: the part of a layer build (its weights, the build and the first forward, where FlashInfer JIT and the
   CuTe DSL compile) beyond the same shape's rebuild, where it took far longer (COMPILE_RATIO, COMPILE_EXCESS_S);
 * layer builds: the rest of the layer builds;
@@ -17,7 +17,7 @@ Then every test of no implementation, all tests, and the session: its processes'
 (imports, plugins), then pytest's wall time: the busiest worker's tests and the time outside tests (collection,
 shutdown). Then the pools' warm-ups, which ran beside the tests, and the CuTe DSL compiles of every process.
 
-Read from the per-test records (``tests-*.jsonl``, fixtures.time_spent) and the session records; a folder written
+Read from the per-test records (``tests-*.jsonl``, fixtures.core.time_spent) and the session records; a folder written
 before them (the H200 folders up to reference.evidence.RAW_RESTRUCTURE_UNCHANGED) is read from its per-case records
 and JUnit times: a pool start counts as case time, and the tests that write no per-case record (all but two) as idle.
 """
@@ -33,9 +33,9 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 from ci import cli
-from fixtures import results
-from fixtures.results import records
-from fixtures.time_spent import fitted, shape_of
+from fixtures.core import results
+from fixtures.core.results import records
+from fixtures.core.time_spent import fitted, shape_of
 
 PARTS = ("pool start", "compiles", "layer builds", "cases", "checks", "idle")
 NO_IMPL = ("", 0)  # the row of tests that run on no implementation's rank pool
@@ -44,7 +44,7 @@ NO_IMPL = ("", 0)  # the row of tests that run on no implementation's rank pool
 # RAW_NIGHTLY_GREEN): twice the rebuild and a second more is a compile, never a large layer's weights.
 COMPILE_RATIO = 2.0
 COMPILE_EXCESS_S = 1.0
-_SUBJECT = re.compile(r"\[(?P<impl>.+?)-EP(?P<ep>\d+)")  # a subject's test id, as fixtures.progress groups them
+_SUBJECT = re.compile(r"\[(?P<impl>.+?)-EP(?P<ep>\d+)")  # a subject's test id, as fixtures.plugin.progress groups them
 
 
 @dataclass
@@ -60,7 +60,7 @@ class Spent:
     builds: list = field(default_factory=list)  # [shape, build s, first-forward s] per layer built
     worker: str = "main"
     time: float = 0.0  # when it ended
-    session: int | None = None  # its session's id (fixtures.time_spent.session_id)
+    session: int | None = None  # its session's id (fixtures.core.time_spent.session_id)
 
 
 @dataclass
@@ -70,8 +70,10 @@ class Budget:
     busy: float  # the tests' time on each session's busiest worker
     source: str
     startup: float = 0.0  # the sessions' processes' time before pytest's clock (imports, plugins)
-    cute_dsl: dict = field(default_factory=dict)  # CuTe DSL compile counts, summed (fixtures.flashinfer.cute_dsl_cache)
-    warmups: list = field(default_factory=list)  # the pools' warm-up records (fixtures.dist.rank_pool)
+    cute_dsl: dict = field(
+        default_factory=dict
+    )  # CuTe DSL compile counts, summed (fixtures.backends.flashinfer.cute_dsl_cache)
+    warmups: list = field(default_factory=list)  # the pools' warm-up records (fixtures.pools.rank_pool)
 
     @property
     def outside(self) -> float:
@@ -143,7 +145,7 @@ def _busy(tests: list[Spent]) -> float:
 
 def from_test_records(folder: Path, since: float = 0.0, session=None) -> Budget | None:
     """The budget of the sessions that ran tests, from their records (since ``since``, epoch seconds; ``session``:
-    that session's id alone, fixtures.time_spent.session_id), or None."""
+    that session's id alone, fixtures.core.time_spent.session_id), or None."""
     rows = [r for r in records(folder, "tests") if r["time"] >= since and session in (None, r.get("session"))]
     if not rows:
         return None

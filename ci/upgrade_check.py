@@ -52,7 +52,7 @@ class Side:
     def env(self) -> dict:
         """This side's environment: its FlashInfer first on the path, the derandomized profile, and no shared
         DeepGEMM cubin folder (a TRTLLM_DG_CACHE_DIR of the caller's would hand one version's GEMMs to the other:
-        fixtures/flashinfer/deepgemm_cache.py gives each version its own)."""
+        fixtures/backends/flashinfer/deepgemm_cache.py gives each version its own)."""
         path = [p for p in (self.site, str(ROOT), os.environ.get("PYTHONPATH", "")) if p]
         env = {k: v for k, v in os.environ.items() if k != "TRTLLM_DG_CACHE_DIR"}
         return {**env, "PYTHONPATH": os.pathsep.join(path), settings.HYPOTHESIS_PROFILE.name: "ci"}

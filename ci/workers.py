@@ -2,7 +2,7 @@
 
     python -m ci.workers      # MOE_WORKERS (default auto), decided as the suite's plugin decides it
 
-The rules (the host's GPU and cores, MOE_WORKERS, a run that a test starts) are fixtures.spread's: the plugin
+The rules (the host's GPU and cores, MOE_WORKERS, a run that a test starts) are fixtures.scheduling.spread's: the plugin
 applies them to ``python -m pytest`` and ``bash ci/test.sh`` alike; this command only shows the number.
 """
 
@@ -13,7 +13,7 @@ import importlib.util
 import sys
 
 from ci import cli
-from fixtures import spread
+from fixtures.scheduling import spread
 
 
 @cli.command("ci.workers")

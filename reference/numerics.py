@@ -145,7 +145,7 @@ class Tolerance:
 
 @dataclass(frozen=True)
 class Systematic:
-    """Bounds on systematic errors (fixtures.systematic): each statistic may differ from its ideal by ``k``
+    """Bounds on systematic errors (fixtures.core.systematic): each statistic may differ from its ideal by ``k``
     (normal-equivalent) robust standard errors plus a floor. ``resolution`` = (uniform scale, one expert's
     scale): the smallest faults of each kind these bounds are held to catch (the GPU fault wrappers and the
     meta-suite use them); each lies above its floor. ``reason`` says where the floors come from."""

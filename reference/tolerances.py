@@ -26,7 +26,7 @@ from reference.numerics import Systematic, Tolerance
 # bit-exact to the recipe; the flips are rare, isolated elements.
 E4M3_FLIP_BAND = 32.0
 
-# Systematic-error floors (fixtures.systematic): each sits above the largest clean deviation seen with >= 8 tokens;
+# Systematic-error floors (fixtures.core.systematic): each sits above the largest clean deviation seen with >= 8 tokens;
 # the k robust standard errors come on top.
 _CLEAN = "clean H200 cases with >= 8 tokens (FlashInfer 0.7.4): "
 _HELD = (
@@ -93,7 +93,7 @@ SYSTEMATIC_FP4_PULL = Systematic(
     f"|gain - 1| <= 1.5e-3; rank floor the provisional 1e-2, held at EP2/4/8 ({FP4_PULL_AND_UPGRADE})",
 )
 
-# The exact check's bound per recipe name, in bf16 ulps of the exact answer (fixtures.exact_check, docs/exact-cases.md):
+# The exact check's bound per recipe name, in bf16 ulps of the exact answer (fixtures.core.exact_check, docs/exact-cases.md):
 # none declared, every recipe is held bit for bit on its exact cases; a bound would need its reason and log here.
 EXACT_ULP_BOUNDS: dict[str, int] = {}
 
@@ -107,7 +107,7 @@ FP8_PULL = Tolerance(
     textbook_rel_l2=0.12,
     # worst token 0.066 (per_tensor, EP4, H=128, I=64: one flip weighs more in a short row), hence 0.08. Textbook:
     # three e4m3 roundings (2^-4 relative each) of O(1) values; where the recipe itself is further (a static scale
-    # saturating at 448), fixtures.checks.check_textbook bounds by the recipe's own distance.
+    # saturating at 448), fixtures.core.checks.check_textbook bounds by the recipe's own distance.
     reason="FlashInfer's SM90 pull oracle bound (rel-L2 < 0.02); 200+ H200 batch x rank checks at EP1/2/4/8: "
     "rel-L2 p99 0.015, max 0.017, cosine >= 0.99986, worst token 0.066, worst element 9.5 of 32 band units; "
     f"textbook 0.062-0.072 at unit scale, 0.114 at scale 4 ({H200_072})",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ci import cli
 from fixtures import settings
-from fixtures.results import case_records
+from fixtures.core.results import case_records
 
 CHECK = "oracle+textbook"  # the records of test_matches_reference
 # This process's timed phases of a case; "other" is the rest of its wall time (results, small ops between)

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ci import cli
-from fixtures.problem import BatchCase, LayerCase, make_batch, make_weights
+from fixtures.core.problem import BatchCase, LayerCase, make_batch, make_weights
 
 # Dense peaks (the datasheets' tensor-core figures are with 2:4 sparsity: half of them), keyed by
 # torch.cuda.get_device_name.
@@ -170,7 +170,7 @@ def measure(spec: str, geometry: Geometry, token_counts: list[int], device, warm
     if spec == "torch":
         impl, weight_bytes = TorchMoE(w13, w2, device), 2.0
     else:
-        from fixtures.implementation import RankContext, load
+        from fixtures.core.implementation import RankContext, load
 
         implementation = load(spec)
         try:  # every registered implementation, built at one rank as the rank pools build it
@@ -226,8 +226,8 @@ def main(argv=None) -> int:
     if specs is None:
         specs = ["torch"]
         if device.type == "cuda":
-            from fixtures.implementation import load
-            from fixtures.selection import implementations_of
+            from fixtures.core.implementation import load
+            from fixtures.core.selection import implementations_of
 
             caps = {n: load(n).capabilities for n in implementations_of({"sm90"})}  # moe_ep and flashinfer.megamoe
             specs += [n for n, c in caps.items() if 1 in c.ep_sizes and not (c.prerequisite and c.prerequisite())]

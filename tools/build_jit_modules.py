@@ -3,7 +3,7 @@ FlashInfer AOT modules that ``ci/setup.sh`` installs on a GPU host (so a fresh h
 
     python -m tools.build_jit_modules [--out .gpu/jit/fi-aot.tgz] [--toolkit DIR] [--list]
 
-The modules are those of ``fixtures/flashinfer/jit_modules.py`` for the installed FlashInfer. Each is built by
+The modules are those of ``fixtures/backends/flashinfer/jit_modules.py`` for the installed FlashInfer. Each is built by
 FlashInfer's own JitSpec (its sources, flags and module name; the name is a hash of the sources and flags, so a
 module built here is the one the GPU host would build) for ``FLASHINFER_CUDA_ARCH_LIST`` (default 9.0a).
 
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")
     os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
-    from fixtures.flashinfer import jit_modules
+    from fixtures.backends.flashinfer import jit_modules
 
     try:
         version = importlib.metadata.version("flashinfer-python")
@@ -142,7 +142,7 @@ def main(argv=None) -> int:
         raise cli.Incomplete("flashinfer-python is not installed here: nothing to build the modules of") from None
     table = jit_modules.calls(version)
     if not table:
-        print(f"flashinfer-python {version}: no JIT module table (fixtures/flashinfer/jit_modules.py)")
+        print(f"flashinfer-python {version}: no JIT module table (fixtures/backends/flashinfer/jit_modules.py)")
         return cli.INPUT
     given = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     nvcc = Path(given) / "bin" / "nvcc" if given else Path(shutil.which("nvcc") or "/nonexistent/nvcc")

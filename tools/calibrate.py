@@ -21,14 +21,14 @@ import time
 import torch
 
 from ci import cli
-from fixtures import oracle, systematic
-from fixtures.compare import compare
-from fixtures.scheduler import close_all
-from fixtures.geometries import MODELS, fits, layer_pool, model_layer
-from fixtures.implementation import load
-from fixtures.runner import Subject, run_scenario
-from fixtures.selection import ep_skip_reason
-from fixtures.problem import BatchCase, Scenario, make_batch
+from fixtures.core import oracle, systematic
+from fixtures.core.compare import compare
+from fixtures.scheduling.scheduler import close_all
+from fixtures.core.geometries import MODELS, fits, layer_pool, model_layer
+from fixtures.core.implementation import load
+from fixtures.core.runner import Subject, run_scenario
+from fixtures.core.selection import ep_skip_reason
+from fixtures.core.problem import BatchCase, Scenario, make_batch
 from reference.routing import methods_for
 from reference.textbook import textbook_for_recipe
 
@@ -40,7 +40,7 @@ def draw_method(rng: random.Random, top_k: int) -> str:
 
 
 def metrics(out: torch.Tensor, ref: torch.Tensor, term_mag: torch.Tensor, tol) -> dict:
-    """The comparison's own metrics (fixtures.compare), and whether the tolerance held."""
+    """The comparison's own metrics (fixtures.core.compare), and whether the tolerance held."""
     verdict = compare(out, ref, term_mag, tol)
     return {
         "rel_l2": 0.0,
@@ -54,7 +54,7 @@ def metrics(out: torch.Tensor, ref: torch.Tensor, term_mag: torch.Tensor, tol) -
 
 
 def systematic_stats(found) -> dict:
-    """The systematic statistics the conformance check computes (``fixtures.systematic.estimates``), each as
+    """The systematic statistics the conformance check computes (``fixtures.core.systematic.estimates``), each as
     [value, robust standard error, tokens]: what calibrates the floors. Expert gains: the worst one."""
     stats = {e.what: e for e, kind in found if kind != "expert"}
     experts = [e for e, kind in found if kind == "expert"]

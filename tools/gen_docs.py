@@ -3,9 +3,9 @@
     python -m tools.gen_docs            # rewrite them
     python -m tools.gen_docs --check    # exit 1 naming each stale one (suites/harness/test_docs.py runs this)
 
-* ``docs/backends.md``: the FlashInfer backends, from ``fixtures/flashinfer/descriptors.py``;
-* ``docs/findings.md``: the findings, from ``fixtures/findings.py``;
-* ``docs/bug-ledger.md``: the bug ledger, from ``fixtures/bug_ledger.py``;
+* ``docs/backends.md``: the FlashInfer backends, from ``fixtures/backends/flashinfer/descriptors.py``;
+* ``docs/findings.md``: the findings, from ``fixtures/core/findings.py``;
+* ``docs/bug-ledger.md``: the bug ledger, from ``fixtures/backends/bug_ledger.py``;
 * the table of user settings between ``<!-- settings:begin -->`` and ``<!-- settings:end -->`` in ``README.md``,
   and ``docs/settings.md`` (every setting), from ``fixtures/settings.py``;
 * the resolution table between ``<!-- resolution:begin -->`` and ``<!-- resolution:end -->`` in
@@ -117,15 +117,15 @@ def _constraints(d) -> list[str]:
 
 
 def render_backends() -> str:
-    from fixtures.flashinfer.adapter import capabilities
-    from fixtures.flashinfer.descriptors import ALL_DESCRIPTORS
+    from fixtures.backends.flashinfer.adapter import capabilities
+    from fixtures.backends.flashinfer.descriptors import ALL_DESCRIPTORS
 
     rows = sorted(ALL_DESCRIPTORS, key=lambda d: (int(d.arch[2:]), d.impl_name))
     ep = {d.impl_name: _join(capabilities(d).ep_sizes) or "none the suite runs" for d in rows}
     out = [
         "# FlashInfer backends",
         "",
-        _generated("fixtures/flashinfer/descriptors.py"),
+        _generated("fixtures/backends/flashinfer/descriptors.py"),
         "",
         "Every FlashInfer MegaMoE kernel the suite has a descriptor for. `--impl` takes the name in the first "
         "column; `python -m ci.backends ARCH` lists those the installed FlashInfer registers. A kernel runs "
@@ -184,16 +184,16 @@ def render_backends() -> str:
 
 
 def _megamoe_rows(recipes: dict) -> list[str]:
-    """flashinfer.megamoe's paths (fixtures/flashinfer/megamoe_paths.py), a package apart from the moe_ep registry."""
-    from fixtures.flashinfer.megamoe_adapter import capabilities
-    from fixtures.flashinfer.megamoe_paths import PACKAGE, PATHS, VERSIONS
+    """flashinfer.megamoe's paths (fixtures/backends/flashinfer/megamoe_paths.py), a package apart from the moe_ep registry."""
+    from fixtures.backends.flashinfer.megamoe_adapter import capabilities
+    from fixtures.backends.flashinfer.megamoe_paths import PACKAGE, PATHS, VERSIONS
 
     out = [
         "",
         f"## `{PACKAGE}`",
         "",
         f"The SM90 W4A8 MegaMoE of FlashInfer {_join(VERSIONS)}, a package apart from the "
-        "`moe_ep` registry (`fixtures/flashinfer/megamoe_paths.py`; facts: [megamoe-sm90.md](megamoe-sm90.md)). "
+        "`moe_ep` registry (`fixtures/backends/flashinfer/megamoe_paths.py`; facts: [megamoe-sm90.md](megamoe-sm90.md)). "
         "Each path needs one Hopper GPU per rank, on NVLink.",
         "",
         "| path (`--impl`) | entry point | recipe | EP sizes | findings |",
@@ -225,11 +225,11 @@ def _megamoe_rows(recipes: dict) -> list[str]:
 
 
 def render_findings() -> str:
-    from fixtures import findings
-    from fixtures.flashinfer.descriptors import ALL_DESCRIPTORS
-    from fixtures.flashinfer.routing_ops import OPS
+    from fixtures.core import findings
+    from fixtures.backends.flashinfer.descriptors import ALL_DESCRIPTORS
+    from fixtures.backends.flashinfer.routing_ops import OPS
 
-    from fixtures.flashinfer.megamoe_paths import PATHS as MEGAMOE_PATHS
+    from fixtures.backends.flashinfer.megamoe_paths import PATHS as MEGAMOE_PATHS
 
     shown = {
         key: [f"`{d.impl_name}`" for d in ALL_DESCRIPTORS if key in d.findings]
@@ -241,7 +241,7 @@ def render_findings() -> str:
     out = [
         "# Findings",
         "",
-        _generated("fixtures/findings.py"),
+        _generated("fixtures/core/findings.py"),
         "",
         "A finding is FlashInfer misbehaviour seen on hardware (or read in its source and then seen), numbered "
         "once and never reused. A descriptor lists the findings its kernel shows; the generic checks route "
@@ -273,7 +273,7 @@ def render_findings() -> str:
 
 
 def render_bug_ledger() -> str:
-    from fixtures import bug_ledger
+    from fixtures.backends import bug_ledger
     from fixtures.backends.faulty import FAULTS
 
     caught, applicable, misses = bug_ledger.cpu_rate()
@@ -288,7 +288,7 @@ def render_bug_ledger() -> str:
     out = [
         "# Bug ledger",
         "",
-        _generated("fixtures/bug_ledger.py"),
+        _generated("fixtures/backends/bug_ledger.py"),
         "",
         "Classes of MoE correctness bugs that shipped in public kernels (FlashInfer, vLLM, SGLang, DeepGEMM, DeepEP, "
         "TensorRT-LLM), each with the input that shows it, the check that catches it, and the fault in "
@@ -376,8 +376,8 @@ def fill_block(text: str, block: str, name: str, marks: tuple[str, str] = (BEGIN
 def render_resolution() -> str:
     """What each SM90 implementation's checks resolve: the statistics' uniform and one-expert scale errors, and
     the exact check's bound on exact cases."""
-    from fixtures.implementation import load
-    from fixtures.selection import implementations_of
+    from fixtures.core.implementation import load
+    from fixtures.core.selection import implementations_of
     from reference.tolerances import EXACT_ULP_BOUNDS
 
     rows = [

@@ -13,8 +13,8 @@ import os
 import time
 
 from ci import cli
-from fixtures.flashinfer.descriptors import DESCRIPTORS
-from fixtures.flashinfer.prerequisites import is_built, jit_spec
+from fixtures.backends.flashinfer.descriptors import DESCRIPTORS
+from fixtures.backends.flashinfer.prerequisites import is_built, jit_spec
 
 
 @cli.command("tools.prebuild_jit")

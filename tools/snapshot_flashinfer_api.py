@@ -1,7 +1,7 @@
 """Write (or diff) a snapshot of FlashInfer's public MegaMoE surface.
 
     python -m tools.snapshot_flashinfer_api            # print the JSON for the installed flashinfer-python
-    python -m tools.snapshot_flashinfer_api --write    # update fixtures/flashinfer/api-<version>.json
+    python -m tools.snapshot_flashinfer_api --write    # update fixtures/backends/flashinfer/api-<version>.json
 
 The snapshot is what suites/flashinfer/test_api_surface.py pins: registry names and deprecated aliases,
 each kernel config's fields (name, default, init, frozen), exported names, error class hierarchy and

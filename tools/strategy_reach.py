@@ -3,7 +3,7 @@
     python -m tools.strategy_reach        # print the table (tools.gen_docs writes it into docs/strategies.md)
 
 For reference-ep's capabilities at EP1, EP2 and EP4 it draws the ``ci`` profile's 10 derandomized scenarios
-(``fixtures.strategies.scenarios``, as the conformance suite's CPU tier does) and counts, per dimension, the
+(``fixtures.core.strategies.scenarios``, as the conformance suite's CPU tier does) and counts, per dimension, the
 examples that reach its edge; a second derandomized run of ``ESTIMATE_EXAMPLES`` scenarios at EP2 estimates the
 chance p that one example does, and so 1 - (1 - p)^10, the chance that a test's 10 draws do.
 """
@@ -21,7 +21,7 @@ EP_SIZES = (1, 2, 4)
 
 
 def _routes(scenario):
-    from fixtures.problem import make_batch
+    from fixtures.core.problem import make_batch
 
     return [make_batch(scenario.layer, b, scenario.ep_size) for b in scenario.batches]
 
@@ -86,7 +86,7 @@ MEASURES: list[tuple[str, str, Callable]] = [
 
 
 def _draw(caps, ep: int, examples: int) -> list:
-    from fixtures.strategies import scenarios
+    from fixtures.core.strategies import scenarios
 
     drawn = []
 
@@ -107,7 +107,7 @@ def _draw(caps, ep: int, examples: int) -> list:
 
 
 def measure() -> list[dict]:
-    from fixtures.implementation import load
+    from fixtures.core.implementation import load
 
     caps = load("reference-ep").capabilities
     ci = {ep: _draw(caps, ep, CI_EXAMPLES) for ep in EP_SIZES}
@@ -138,7 +138,7 @@ def measure() -> list[dict]:
 
 
 def markdown() -> str:
-    from fixtures import bug_ledger
+    from fixtures.backends import bug_ledger
 
     served = {}
     for row in bug_ledger.applicable():

@@ -15,7 +15,7 @@ import sys
 from collections import defaultdict
 
 from ci import cli
-from fixtures.results import case_records
+from fixtures.core.results import case_records
 
 COLUMNS = (
     "impl",

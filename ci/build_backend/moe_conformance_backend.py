@@ -1,6 +1,6 @@
 """The build backend of moe-conformance (pyproject.toml's ``build-backend``): setuptools', editable installs only.
 
-The suite runs from its checkout: gates/, configs/ and the FlashInfer API pins (fixtures/flashinfer/api-*.json)
+The suite runs from its checkout: gates/, configs/ and the FlashInfer API pins (fixtures/backends/flashinfer/api-*.json)
 are read from there, and its top-level packages (ci, fixtures, reference, gates, tools) have names too generic to
 put in a user's site-packages. So ``pip install -e CHECKOUT`` works as setuptools makes it, and a wheel or sdist
 (``pip install .``, ``pip wheel .``, ``python -m build``) is refused with one line that says what to run instead.

@@ -29,7 +29,7 @@ export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 
 arch="${ARCH:-sm90}"
 stamp() { echo "=== $(date -u +%FT%TZ) $*"; }
 # FlashInfer's JIT cache (~/.cache/flashinfer), the DeepGEMM cubins (~/.cache/moe-conformance:
-# fixtures/flashinfer/deepgemm_cache.py) and the CuTe DSL's compiled kernels, into one tarball that
+# fixtures/backends/flashinfer/deepgemm_cache.py) and the CuTe DSL's compiled kernels, into one tarball that
 # ci/setup.sh restores on the next fresh host
 pack_jit() {
   local cute="${CUTE_DSL_CACHE_DIR:-${TMPDIR:-/tmp}/$(id -un)/cutlass_python_cache}" extra=() own=() have=()

@@ -27,11 +27,11 @@ import json
 import torch
 
 import reference.moe as moe
-from fixtures import oracle
-from fixtures.scheduler import close_all
-from fixtures.implementation import load
-from fixtures.runner import Subject, run_scenario
-from fixtures.problem import Scenario
+from fixtures.core import oracle
+from fixtures.scheduling.scheduler import close_all
+from fixtures.core.implementation import load
+from fixtures.core.runner import Subject, run_scenario
+from fixtures.core.problem import Scenario
 
 _E4M3_MAX = 448.0
 

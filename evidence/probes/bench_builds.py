@@ -8,10 +8,10 @@ Per implementation and EP size it runs, on one rank pool, one batch through each
   new-shape   another H (what each further pool layer costs);
   cached      the first layer again (nothing to build: the pool's layer cache);
   fresh-pool  the first layer in a new pool (new processes, same shape: what on-disk JIT caches save);
-  model       with ``--model NAME`` (repeatable): that model geometry (fixtures.geometries), a large layer.
+  model       with ``--model NAME`` (repeatable): that model geometry (fixtures.core.geometries), a large layer.
 and prints the slowest rank's build and first-forward seconds, the oracle's seconds, and the case's
 relative L2 and gain against the recipe (no pass/fail: ``pytest`` judges). Time is what the suite pays
-per layer: where it goes decides how the suite spends its layers (fixtures.geometries).
+per layer: where it goes decides how the suite spends its layers (fixtures.core.geometries).
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ import dataclasses
 import json
 import time
 
-from fixtures import oracle, systematic
-from fixtures.compare import relative_l2
-from fixtures.scheduler import close_all
-from fixtures.geometries import MODELS, fits, model_layer
-from fixtures.implementation import load
-from fixtures.problem import BatchCase, LayerCase, Scenario
-from fixtures.runner import Subject, run_scenario
-from fixtures.selection import implementations_of
+from fixtures.core import oracle, systematic
+from fixtures.core.compare import relative_l2
+from fixtures.scheduling.scheduler import close_all
+from fixtures.core.geometries import MODELS, fits, model_layer
+from fixtures.core.implementation import load
+from fixtures.core.problem import BatchCase, LayerCase, Scenario
+from fixtures.core.runner import Subject, run_scenario
+from fixtures.core.selection import implementations_of
 
 import torch
 

@@ -5,10 +5,10 @@
 It runs one case of the suite's wide layer (every rank busy) on the suite's rank pool, then, with the pool
 idle, measures:
   ranks' idle CPU  the CPU seconds the ranks used over a few idle seconds, in cores (1.0 = one core busy);
-  check seconds    the pytest process's per-case work on that case's outputs (fixtures.checks' comparison of
+  check seconds    the pytest process's per-case work on that case's outputs (fixtures.core.checks' comparison of
                    every rank and its systematic statistics, the functions the suite runs), median of the
                    repeats, at each thread count, with the pool idle and after it is closed.
-What it shows decides fixtures.host_threads: the thread count the suite's process keeps on a GPU host.
+What it shows decides fixtures.pools.host_threads: the thread count the suite's process keeps on a GPU host.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
-from fixtures import checks, oracle
-from fixtures.scheduler import close_all, get_pool
-from fixtures.geometries import wide_layer
-from fixtures.host_threads import host_threads
-from fixtures.implementation import load
-from fixtures.problem import BatchCase, Scenario
-from fixtures.runner import RunResult, Subject, run_scenario
+from fixtures.core import checks, oracle
+from fixtures.scheduling.scheduler import close_all, get_pool
+from fixtures.core.geometries import wide_layer
+from fixtures.pools.host_threads import host_threads
+from fixtures.core.implementation import load
+from fixtures.core.problem import BatchCase, Scenario
+from fixtures.core.runner import RunResult, Subject, run_scenario
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -8,13 +8,13 @@ import random
 import pytest
 import torch
 
-from fixtures.checks import check_oracle
-from fixtures.compare import compare
-from fixtures.dist.inprocess import launched_by_torchrun
-from fixtures.geometries import tile_layer, wide_layer
-from fixtures.problem import BatchCase, Scenario
-from fixtures.selection import ep_skip_reason
-from fixtures.strategies import masked_pattern
+from fixtures.core.checks import check_oracle
+from fixtures.core.compare import compare
+from fixtures.pools.inprocess import launched_by_torchrun
+from fixtures.core.geometries import tile_layer, wide_layer
+from fixtures.core.problem import BatchCase, Scenario
+from fixtures.core.selection import ep_skip_reason
+from fixtures.core.strategies import masked_pattern
 
 pytestmark = pytest.mark.ep
 
@@ -43,7 +43,7 @@ def _invariance_scenario(caps, ep: int) -> Scenario:
 
 def _ep1_alone(subject) -> tuple[torch.Tensor, torch.Tensor]:
     """Under ``torchrun --nproc_per_node=N`` (only EP N runs): the EP1 output of the same problem, computed by each rank
-    alone, in-process on a single-rank group of its own (fixtures.dist.inprocess), held to the oracle like any EP1
+    alone, in-process on a single-rank group of its own (fixtures.pools.inprocess), held to the oracle like any EP1
     case; its term magnitude."""
     reason = ep_skip_reason(subject.impl, subject.caps, 1)
     if reason:
@@ -52,7 +52,7 @@ def _ep1_alone(subject) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(run.outputs[0]), run.expected[0].term_mag
 
 
-@pytest.mark.ep_baseline  # its EP1 case must run in the process of its larger EP sizes (fixtures.pool_order.pool_group)
+@pytest.mark.ep_baseline  # its EP1 case must run in the process of its larger EP sizes (fixtures.scheduling.pool_order.pool_group)
 def test_same_global_problem_at_every_ep_size(subject):
     """EP-size invariance: the global output does not depend on how experts and tokens are split. Each EP
     size runs the same global problem (held to the recipe by the oracle) and is compared with EP1's output:

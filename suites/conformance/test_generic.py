@@ -13,16 +13,16 @@ import torch
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from fixtures import results
-from fixtures.checks import CHECKS, ConformanceFailure, check_oracle, check_textbook
-from fixtures.exact_check import CASES_PER_SUBJECT, check_exact, exact_pool
-from fixtures.findings import MEASURED_CASES, expect_finding
-from fixtures.history import HistoryFailure
-from fixtures.geometries import MODELS, fits, layer_pool, model_layer, tile_layer, wide_layer
-from fixtures.selection import model_ep_sizes
+from fixtures.core import results
+from fixtures.core.checks import CHECKS, ConformanceFailure, check_oracle, check_textbook
+from fixtures.core.exact_check import CASES_PER_SUBJECT, check_exact, exact_pool
+from fixtures.core.findings import MEASURED_CASES, expect_finding
+from fixtures.core.history import HistoryFailure
+from fixtures.core.geometries import MODELS, fits, layer_pool, model_layer, tile_layer, wide_layer
+from fixtures.core.selection import model_ep_sizes
 from fixtures.settings import MODEL_EP
-from fixtures.problem import PATTERN_TABLE, PATTERNS, BatchCase, LayerCase, Scenario, pattern_skip
-from fixtures.strategies import batch_cases, masked_pattern, scenarios
+from fixtures.core.problem import PATTERN_TABLE, PATTERNS, BatchCase, LayerCase, Scenario, pattern_skip
+from fixtures.core.strategies import batch_cases, masked_pattern, scenarios
 
 
 def drawn(subject, data, pool=lambda caps, layers: layers, **kw):
@@ -33,7 +33,7 @@ def drawn(subject, data, pool=lambda caps, layers: layers, **kw):
 
 
 def _record(subject, scenario, check, started, run, textbook=()):
-    """One line of cases-*.jsonl (fixtures.results.CaseRecord)."""
+    """One line of cases-*.jsonl (fixtures.core.results.CaseRecord)."""
     results.record_run(subject, scenario, check, time.monotonic() - started, run, textbook)
 
 
@@ -62,7 +62,7 @@ def test_check(subject, check, data, seed):
 @settings(max_examples=CASES_PER_SUBJECT, phases=(Phase.explicit, Phase.reuse, Phase.generate))
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_exact(subject, data, seed):
-    """The exact-arithmetic case (fixtures.exact_check, docs/exact-cases.md) derived from a drawn scenario: the
+    """The exact-arithmetic case (fixtures.core.exact_check, docs/exact-cases.md) derived from a drawn scenario: the
     implementation's output is the recipe's, bit for bit. A GPU subject draws among the pooled layers whose clamp the
     case can keep, so it runs on a kernel the pool has built."""
     check_exact(subject, drawn(subject, data, pool=exact_pool, max_batches=1), seed)
@@ -96,7 +96,7 @@ MIN_CLAMPED = 0.05
 def clamped_share(layer: LayerCase, batch: BatchCase, ep_size: int, style: str) -> float:
     """The share of the routed gate and up values (FC1 outputs, before the clamp) that the layer's clamp cuts,
     from the bf16 weights: up beyond +-L, gate above L (and below -L for a symmetric clamp)."""
-    from fixtures.problem import make_batch, make_weights
+    from fixtures.core.problem import make_batch, make_weights
 
     b = make_batch(layer, batch, ep_size)
     w13, _ = make_weights(layer)
@@ -198,7 +198,7 @@ def test_accumulation_limit(subject):
     every model geometry beyond it, one token a rank, seed 0, is held to that finding: at least one must still
     miss the recipe's tolerance, or the limit is retired on purpose. (Every one, since the finding depends on
     the data: under FlashInfer 0.7.4 DeepSeek-V3 came within the tolerance and Qwen3-30B-A3B did not.) A finding with
-    measured cases (fixtures.findings.MEASURED_CASES: F19) is held to those instead."""
+    measured cases (fixtures.core.findings.MEASURED_CASES: F19) is held to those instead."""
     limit = subject.caps.accumulation_limit
     if limit is None:
         pytest.skip(f"{subject.impl} declares no accumulation limit: every model geometry is held to its recipe")

@@ -1,6 +1,6 @@
 """FlashInfer's public MegaMoE surface, pinned on CPU: an upgrade shows up as a readable diff.
 
-The pinned snapshot (fixtures/flashinfer/api-<version>.json) is written by
+The pinned snapshot (fixtures/backends/flashinfer/api-<version>.json) is written by
 ``python -m tools.snapshot_flashinfer_api --write``; behaviours docs/flashinfer-kernels.md documents are asserted here
 by hand, independently of the snapshot.
 """
@@ -14,8 +14,8 @@ import torch
 
 from ci import api_diff
 from tools.snapshot_flashinfer_api import snapshot, snapshot_path
-from fixtures import findings
-from fixtures.flashinfer.descriptors import DESCRIPTORS
+from fixtures.core import findings
+from fixtures.backends.flashinfer.descriptors import DESCRIPTORS
 
 pytestmark = [pytest.mark.api, pytest.mark.cpu]
 

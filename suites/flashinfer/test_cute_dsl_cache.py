@@ -1,4 +1,4 @@
-"""fixtures/flashinfer/cute_dsl_cache.py: ``cute.compile`` through CuTe DSL's own cache. On the CPU, with a host-only
+"""fixtures/backends/flashinfer/cute_dsl_cache.py: ``cute.compile`` through CuTe DSL's own cache. On the CPU, with a host-only
 CuTe DSL function: a second compile of the same traced function is the same compiled module, another constant or
 another body compiles, and a second process reads the module from the folder. On an SM90 GPU: a pull kernel read
 from memory and from the folder gives a fresh compile's output, bit for bit."""
@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from fixtures import arch, results, settings
-from fixtures.flashinfer import behaviour, cute_dsl_cache
-from fixtures.flashinfer.descriptors import DESCRIPTORS
-from fixtures.flashinfer.prerequisites import missing_jit_modules
+from fixtures import arch, settings
+from fixtures.core import results
+from fixtures.backends.flashinfer import behaviour, cute_dsl_cache
+from fixtures.backends.flashinfer.descriptors import DESCRIPTORS
+from fixtures.backends.flashinfer.prerequisites import missing_jit_modules
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed (it comes with flashinfer-python)")
@@ -26,7 +27,7 @@ pytest.importorskip("cutlass.cute", reason="nvidia-cutlass-dsl is not installed 
 # A host-only CuTe DSL program: compiles ``add`` for the constants given, calls each, prints the counts.
 _PROGRAM = """
 import json, sys
-from fixtures.flashinfer import cute_dsl_cache
+from fixtures.backends.flashinfer import cute_dsl_cache
 print(cute_dsl_cache.install(), flush=True)
 import cutlass, cutlass.cute as cute
 
@@ -183,9 +184,9 @@ def test_off_compiles_every_time_and_the_header_says_so(tmp_path, monkeypatch):
 
 
 def _forward(d, case, inputs):
-    from fixtures.flashinfer.adapter import FlashInferMegaLayer
-    from fixtures.implementation import RankContext
-    from fixtures.problem import make_weights
+    from fixtures.backends.flashinfer.adapter import FlashInferMegaLayer
+    from fixtures.core.implementation import RankContext
+    from fixtures.core.problem import make_weights
 
     w13, w2 = make_weights(case)
     layer = FlashInferMegaLayer(d, {}, RankContext(0, 1, torch.device("cuda", 0)), case, w13, w2)

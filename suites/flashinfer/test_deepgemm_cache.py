@@ -1,4 +1,4 @@
-"""fixtures/flashinfer/deepgemm_cache.py on CPU: DeepGEMM names a cubin by its GEMM parameters alone, so the suite
+"""fixtures/backends/flashinfer/deepgemm_cache.py on CPU: DeepGEMM names a cubin by its GEMM parameters alone, so the suite
 gives each FlashInfer version, DeepGEMM source tree and compiler a cache folder of its own, and leaves a folder
 the user chose alone."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.flashinfer import deepgemm_cache
+from fixtures.backends.flashinfer import deepgemm_cache
 
 pytestmark = [pytest.mark.api, pytest.mark.cpu]
 
@@ -29,7 +29,7 @@ def test_another_version_source_or_compiler_gets_another_folder(sources):
 
 
 def test_the_installed_flashinfer_gets_a_folder_of_its_version(monkeypatch):
-    from fixtures.flashinfer.descriptors import installed_version
+    from fixtures.backends.flashinfer.descriptors import installed_version
 
     monkeypatch.delenv(deepgemm_cache.ENV, raising=False)
     chosen = deepgemm_cache.isolate()

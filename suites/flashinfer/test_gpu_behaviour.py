@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fixtures.flashinfer import behaviour
-from fixtures.flashinfer.adapter import FlashInferMegaLayer
-from fixtures.flashinfer.descriptors import DESCRIPTORS
-from fixtures.flashinfer.prerequisites import missing_jit_modules
-from fixtures.implementation import RankContext
-from fixtures.problem import make_weights
+from fixtures.backends.flashinfer import behaviour
+from fixtures.backends.flashinfer.adapter import FlashInferMegaLayer
+from fixtures.backends.flashinfer.descriptors import DESCRIPTORS
+from fixtures.backends.flashinfer.prerequisites import missing_jit_modules
+from fixtures.core.implementation import RankContext
+from fixtures.core.problem import make_weights
 
 pytestmark = pytest.mark.sm90
 SM90 = [d for d in DESCRIPTORS if d.arch == "sm90"]

@@ -9,15 +9,15 @@ import functools
 
 import pytest
 
-from fixtures import results
-from fixtures.checks import ConformanceFailure, check_oracle, repro_line
-from fixtures.exact_check import check_exact, exact_pool, exact_scenario
-from fixtures.geometries import layer_pool, wide_layer
-from fixtures.problem import BatchCase, LayerCase, Scenario, make_batch, make_weights
-from fixtures.runner import Subject
-from fixtures.implementation import load
+from fixtures.core import results
+from fixtures.core.checks import ConformanceFailure, check_oracle, repro_line
+from fixtures.core.exact_check import check_exact, exact_pool, exact_scenario
+from fixtures.core.geometries import layer_pool, wide_layer
+from fixtures.core.problem import BatchCase, LayerCase, Scenario, make_batch, make_weights
+from fixtures.core.runner import Subject
+from fixtures.core.implementation import load
 from fixtures.backends.faulty import one_expert_weights, resolution_faults, uniform_scale
-from fixtures.selection import ep_skip_reason, implementations_of
+from fixtures.core.selection import ep_skip_reason, implementations_of
 from reference.moe import combine_terms, expert_owners, moe_terms, prepare_weights
 
 pytestmark = [pytest.mark.sm90, pytest.mark.rank_pool]
@@ -153,7 +153,7 @@ def test_the_unwrapped_layer_passes_the_exact_case(name):
         check_exact(subject, case, case.batches[0].seed)
 
 
-# The bug ledger (fixtures/bug_ledger.py) around every SM90 implementation: each applicable row's fault wraps the real
+# The bug ledger (fixtures/backends/bug_ledger.py) around every SM90 implementation: each applicable row's fault wraps the real
 # layer and must fail the row's check within the profile's drawn cases of the kernel's pooled layers (no new kernel
 # shape). Written without a GPU: these skip here and have not run, so every row's GPU status is "waits for a GPU".
 # Faults that re-implement reference-ep's forward (a recipe variant, the EP offset) cannot wrap a real kernel.
@@ -166,7 +166,7 @@ REFERENCE_ONLY = {
 
 
 def _ledger_rows():
-    from fixtures import bug_ledger
+    from fixtures.backends import bug_ledger
 
     return [r for r in bug_ledger.applicable() if r.fault]
 
@@ -182,9 +182,9 @@ def test_ledger_fault_around_a_real_layer_is_caught(name, row):
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import strategies as st
 
-    from fixtures.checks import CHECKS, run_checks
-    from fixtures.triage import find_failure
-    from fixtures.strategies import scenarios
+    from fixtures.core.checks import CHECKS, run_checks
+    from fixtures.plugin.triage import find_failure
+    from fixtures.core.strategies import scenarios
 
     if row.fault in REFERENCE_ONLY:
         pytest.skip(f"{row.id}: fault {row.fault} is {REFERENCE_ONLY[row.fault]}")
@@ -237,10 +237,10 @@ def test_graph_replay_with_changed_inputs(name):
     without a GPU: it has not run."""
     import torch
 
-    from fixtures.checks import metamorphic_tolerance
-    from fixtures.compare import compare
-    from fixtures.implementation import RankContext
-    from fixtures.oracle import expected
+    from fixtures.core.checks import metamorphic_tolerance
+    from fixtures.core.compare import compare
+    from fixtures.core.implementation import RankContext
+    from fixtures.core.oracle import expected
 
     if not torch.cuda.is_available():
         pytest.skip("waits for a GPU: CUDA graph capture and replay")

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fixtures.findings import expect_finding
-from fixtures.flashinfer import interleave, prerequisites
-from fixtures.flashinfer.descriptors import DESCRIPTORS
+from fixtures.core.findings import expect_finding
+from fixtures.backends.flashinfer import interleave, prerequisites
+from fixtures.backends.flashinfer.descriptors import DESCRIPTORS
 
 pytestmark = pytest.mark.sm90
 NEEDING = [d for d in DESCRIPTORS if d.arch == "sm90" and d.jit_prerequisites]

@@ -10,7 +10,7 @@ import types
 import pytest
 import torch
 
-from fixtures.flashinfer import interleave, prerequisites
+from fixtures.backends.flashinfer import interleave, prerequisites
 
 pytestmark = [pytest.mark.api, pytest.mark.cpu]
 

@@ -1,4 +1,4 @@
-"""The JIT module table (fixtures/flashinfer/jit_modules.py) against the installed FlashInfer, on CPU: every
+"""The JIT module table (fixtures/backends/flashinfer/jit_modules.py) against the installed FlashInfer, on CPU: every
 generator call resolves and names a module (nothing is compiled), every kernel it lists is registered, and
 FlashInfer looks for an AOT module where ci/restore_aot_modules.sh puts it. Run against every supported version
 (suites/flashinfer/test_other_versions.py): an upgrade that renames a generator fails here."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.flashinfer import jit_modules
-from fixtures.flashinfer.descriptors import KERNEL_NAMES, installed_version
-from fixtures.flashinfer.megamoe_paths import PATHS
+from fixtures.backends.flashinfer import jit_modules
+from fixtures.backends.flashinfer.descriptors import KERNEL_NAMES, installed_version
+from fixtures.backends.flashinfer.megamoe_paths import PATHS
 
 MEGAMOE = tuple(p.name for p in PATHS)  # flashinfer.megamoe's paths: a package apart from the moe_ep registry
 

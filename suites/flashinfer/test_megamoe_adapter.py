@@ -9,9 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fixtures.flashinfer import megamoe_adapter as adapter
-from fixtures.flashinfer.megamoe_paths import PATHS
-from fixtures.strategies import layer_cases
+from fixtures.backends.flashinfer import megamoe_adapter as adapter
+from fixtures.backends.flashinfer.megamoe_paths import PATHS
+from fixtures.core.strategies import layer_cases
 from reference import megamoe_layout
 from reference.moe import prepare_weights
 

@@ -2,7 +2,7 @@
 selectors choose for a layer's token counts, reached in one sequence of calls with changing m (up and down) and
 held to the recipe of that plan; CUDA-graph capture and replay; fused and split on the same inputs. Each case runs
 on the path's rank pool; every per-case record names the plan each batch ran. Nothing here names a path: they come
-from fixtures/flashinfer/megamoe_paths.py."""
+from fixtures/backends/flashinfer/megamoe_paths.py."""
 
 from __future__ import annotations
 
@@ -12,15 +12,16 @@ import time
 import pytest
 import torch
 
-from fixtures import arch, results
-from fixtures.checks import check_oracle, compare_outputs
-from fixtures.flashinfer.megamoe_adapter import GRAPH_SUFFIX
-from fixtures.flashinfer.megamoe_paths import PATHS, plan_layer
-from fixtures.implementation import load
-from fixtures.oracle import expected, oracle_device
-from fixtures.problem import BatchCase, LayerCase, Scenario
-from fixtures.runner import Subject, run_scenario
-from fixtures.selection import ep_skip_reason
+from fixtures import arch
+from fixtures.core import results
+from fixtures.core.checks import check_oracle, compare_outputs
+from fixtures.backends.flashinfer.megamoe_adapter import GRAPH_SUFFIX
+from fixtures.backends.flashinfer.megamoe_paths import PATHS, plan_layer
+from fixtures.core.implementation import load
+from fixtures.core.oracle import expected, oracle_device
+from fixtures.core.problem import BatchCase, LayerCase, Scenario
+from fixtures.core.runner import Subject, run_scenario
+from fixtures.core.selection import ep_skip_reason
 from reference import megamoe
 
 pytestmark = [pytest.mark.sm90, pytest.mark.rank_pool]
@@ -60,7 +61,7 @@ def _token_counts(path, ep: int, layer: LayerCase) -> dict:
 
 
 def _record(subject, scenario, check, started, run, textbook=()):
-    """One line of cases-*.jsonl (fixtures.results.CaseRecord)."""
+    """One line of cases-*.jsonl (fixtures.core.results.CaseRecord)."""
     results.record_run(subject, scenario, check, time.monotonic() - started, run, textbook)
 
 

@@ -1,7 +1,7 @@
 """Illegal calls into flashinfer.megamoe must be refused with a clear ValueError, not a crash or a silent answer
 (issue 26 item 3). A strategy draws each kind; where the package does not refuse it, the test is the finding's
 strict xfail with its reproduction (F15-F18). What needs no GPU runs here on the CPU; the calls that reach a kernel
-run in a process of their own (fixtures/flashinfer/megamoe_probe.py), bounded in time."""
+run in a process of their own (fixtures/backends/flashinfer/megamoe_probe.py), bounded in time."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fixtures import arch
-from fixtures.checks import suite_python
-from fixtures.findings import FINDINGS, expect_finding, text
-from fixtures.flashinfer import megamoe_modules, megamoe_probe
+from fixtures.core.checks import suite_python
+from fixtures.core.findings import FINDINGS, expect_finding, text
+from fixtures.backends.flashinfer import megamoe_modules, megamoe_probe
 
 mm = pytest.importorskip(
     "flashinfer.megamoe", reason="the installed FlashInfer ships no flashinfer.megamoe (0.7.4 does)"
@@ -97,7 +97,7 @@ def test_a_float_clamp_renders_as_a_cxx_literal(monkeypatch):
 
 
 def _probe(case: dict) -> tuple[dict, str]:
-    line = [suite_python(), "-m", "fixtures.flashinfer.megamoe_probe", json.dumps(case, sort_keys=True)]
+    line = [suite_python(), "-m", "fixtures.backends.flashinfer.megamoe_probe", json.dumps(case, sort_keys=True)]
     repro = " ".join(shlex.quote(a) for a in line)
     try:
         done = subprocess.run(line, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.flashinfer.schema import ALL_VERSIONS
-from fixtures.flashinfer.descriptors import installed_version
+from fixtures.backends.flashinfer.schema import ALL_VERSIONS
+from fixtures.backends.flashinfer.descriptors import installed_version
 
 pytestmark = [pytest.mark.api, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]

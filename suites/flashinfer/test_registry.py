@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.flashinfer.adapter import capabilities
-from fixtures.flashinfer.descriptors import (
+from fixtures.backends.flashinfer.adapter import capabilities
+from fixtures.backends.flashinfer.descriptors import (
     COLLECTIVE,
     DEPRECATED_ALIASES,
     DESCRIPTORS,
@@ -30,7 +30,7 @@ def test_no_registered_kernel_is_unknown():
     unknown = sorted(set(_registry()._available_mega_kernels()) - set(KERNEL_NAMES))
     assert not unknown, (
         f"unknown backend(s) registered by the installed FlashInfer: {unknown}; add a descriptor "
-        f"in fixtures/flashinfer/descriptors.py (arch, recipe, constraints, knobs, tolerance)"
+        f"in fixtures/backends/flashinfer/descriptors.py (arch, recipe, constraints, knobs, tolerance)"
     )
 
 
@@ -76,7 +76,7 @@ def test_an_accumulation_limit_names_a_declared_finding_and_bounds_the_drawn_lay
     finding applies to, the drawn layers stay within the limit and model geometries beyond it say why they are
     not held to the recipe; under another (a version the finding is not declared for), the kernel is held to its recipe at
     every size."""
-    from fixtures import findings
+    from fixtures.core import findings
 
     limited = [d for d in DESCRIPTORS if d.accumulation_limit]
     assert limited, "no descriptor declares an accumulation limit (F12 is declared by the per_tensor pull kernel)"

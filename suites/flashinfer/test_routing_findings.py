@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from fixtures.findings import expect_finding
-from fixtures.flashinfer.routing_check import (
+from fixtures.core.findings import expect_finding
+from fixtures.backends.flashinfer.routing_check import (
     GROUPS_BEYOND_EIGHT,
     KEPT_GROUPS_BEYOND_FOUR,
     RoutingCase,
     held_to_finding,
     routing_cases,
 )
-from fixtures.flashinfer.routing_ops import OPS, supported_marker
+from fixtures.backends.flashinfer.routing_ops import OPS, supported_marker
 
 pytest.importorskip("flashinfer", reason="flashinfer-python is not installed")
 CHILD_TIMEOUT_S = 600  # a fresh process loads the op (JIT-compiled on a host without the cache)

@@ -6,7 +6,7 @@
 * Everywhere, CPU included: the op's documented limits are enforced by its Python validation before
   anything launches (the launch is replaced by a sentinel, the compute capability by the op's first one).
 * On a GPU an op does not support: the call is refused with FlashInfer's BackendSupportedError.
-Nothing here names an op: the descriptors in fixtures/flashinfer/routing_ops.py drive it.
+Nothing here names an op: the descriptors in fixtures/backends/flashinfer/routing_ops.py drive it.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fixtures import arch, findings, results
-from fixtures.flashinfer.routing_check import PATTERNS, RoutingCase, check, held_to_finding, routing_cases
-from fixtures.flashinfer.routing_ops import BY_NAME, OPS, RoutingOp, call, supported_marker
+from fixtures import arch
+from fixtures.core import findings, results
+from fixtures.backends.flashinfer.routing_check import PATTERNS, RoutingCase, check, held_to_finding, routing_cases
+from fixtures.backends.flashinfer.routing_ops import BY_NAME, OPS, RoutingOp, call, supported_marker
 from reference.routing import BIASED_METHODS, METHOD_TABLE
 
 flashinfer = pytest.importorskip("flashinfer", reason="flashinfer-python is not installed")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fixtures.flashinfer.adapter import weight_pack
-from fixtures.flashinfer.descriptors import DESCRIPTORS
-from fixtures.problem import LayerCase, make_weights
+from fixtures.backends.flashinfer.adapter import weight_pack
+from fixtures.backends.flashinfer.descriptors import DESCRIPTORS
+from fixtures.core.problem import LayerCase, make_weights
 from reference import mx, quant
 
 pytestmark = [pytest.mark.api, pytest.mark.cpu]

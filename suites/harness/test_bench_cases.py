@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tools import bench_cases
-from fixtures.results import CaseRecord
+from fixtures.core.results import CaseRecord
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 

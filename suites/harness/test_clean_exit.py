@@ -1,4 +1,4 @@
-"""fixtures.clean_exit: after a CUDA session pytest's own status survives a crashing interpreter teardown.
+"""fixtures.plugin.clean_exit: after a CUDA session pytest's own status survives a crashing interpreter teardown.
 
 A child pytest runs with a stand-in for CUDA (torch.cuda.is_available/is_initialized patched true) and an
 atexit handler that kills the interpreter with SIGSEGV, as an H200 teardown did: with the plugin
@@ -41,7 +41,7 @@ def _child(tmp_path: Path, body: str, **env) -> int:
             "-p",
             "fake_cuda_crash",
             "-p",
-            "fixtures.clean_exit",
+            "fixtures.plugin.clean_exit",
             "-c",
             os.devnull,
             "--rootdir",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fixtures.compare import compare
+from fixtures.core.compare import compare
 from reference.recipes import SM90_PULL_FP8_BLOCKWISE
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]

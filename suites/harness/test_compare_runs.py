@@ -325,7 +325,7 @@ def test_a_junit_test_name_is_the_same_with_and_without_an_xdist_group():
     over workers compares with one that was not; an "@" inside the parameters stays."""
     from xml.etree import ElementTree
 
-    from fixtures.results import junit_nodeid
+    from fixtures.core.results import junit_nodeid
 
     def case(name):
         return ElementTree.fromstring(f'<testcase classname="suites.x.test_y" name="{name}"/>')

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fixtures import cuda_health
-from fixtures.oracle import oracle_device
-from fixtures.implementation import Capabilities, Implementation
-from fixtures.runner import Subject
+from fixtures.pools import cuda_health
+from fixtures.core.oracle import oracle_device
+from fixtures.core.implementation import Capabilities, Implementation
+from fixtures.core.runner import Subject
 from reference.recipes import BF16_WEIGHTS
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from fixtures import arch
-from fixtures.flashinfer.descriptors import DESCRIPTORS, installed_version
-from fixtures.selection import default_impls
+from fixtures.backends.flashinfer.descriptors import DESCRIPTORS, installed_version
+from fixtures.core.selection import default_impls
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ class _Config:
 
 def _of(tag: str) -> set[str]:
     """The moe_ep descriptors of the arch, and flashinfer.megamoe's paths for sm90 where it ships (issue 26)."""
-    from fixtures.flashinfer.megamoe_paths import PATHS, VERSIONS
+    from fixtures.backends.flashinfer.megamoe_paths import PATHS, VERSIONS
 
     megamoe = {p.name for p in PATHS} if tag == "sm90" and installed_version() in (None, *VERSIONS) else set()
     return {d.impl_name for d in DESCRIPTORS if d.arch == tag} | megamoe
@@ -70,6 +70,6 @@ def test_pytest_m_sm90_collects_the_hopper_backends_and_skips_them_here_with_the
     out = done.stdout
     for name in _of("sm90"):
         assert f"test_matches_reference[{name}-EP1]" in out, f"{name} not collected: {out[-2000:]}"
-    if not arch.gpu_count("sm90"):  # every test skips: nothing was tested, exit 5 (fixtures.nothing_tested)
+    if not arch.gpu_count("sm90"):  # every test skips: nothing was tested, exit 5 (fixtures.plugin.nothing_tested)
         assert done.returncode == 5 and "passed" not in out.splitlines()[-1], out[-2000:]
         assert "needs an SM90 GPU" in out and "moe-conformance: exit 5: -m sm90" in out, out[-2000:]

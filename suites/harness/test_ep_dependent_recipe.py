@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.checks import check_oracle
-from fixtures.oracle import expected
-from fixtures.compare import relative_l2
-from fixtures.implementation import load
-from fixtures.problem import BatchCase, LayerCase, Scenario
-from fixtures.runner import Subject
+from fixtures.core.checks import check_oracle
+from fixtures.core.oracle import expected
+from fixtures.core.compare import relative_l2
+from fixtures.core.implementation import load
+from fixtures.core.problem import BatchCase, LayerCase, Scenario
+from fixtures.core.runner import Subject
 from reference.recipes import SM90_PUSH_FP8
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu, pytest.mark.ep]

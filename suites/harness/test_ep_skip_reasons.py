@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from fixtures import arch
-from fixtures.flashinfer import prerequisites
-from fixtures.implementation import load, registered_names
-from fixtures.selection import ep_skip_reason
+from fixtures.backends.flashinfer import prerequisites
+from fixtures.core.implementation import load, registered_names
+from fixtures.core.selection import ep_skip_reason
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import Phase, given, settings
 
-from fixtures.implementation import load
-from fixtures.strategies import scenarios
+from fixtures.core.implementation import load
+from fixtures.core.strategies import scenarios
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 
@@ -29,7 +29,7 @@ def test_the_first_drawn_scenario_is_busy(ep):
 
 def test_a_pattern_that_cannot_apply_is_refused_not_ignored():
     """all_remote at EP1 used to leave the batch random, silently: now the problem builder says why."""
-    from fixtures.problem import BatchCase, LayerCase, make_batch
+    from fixtures.core.problem import BatchCase, LayerCase, make_batch
 
     layer = LayerCase(num_experts=4, hidden=64, intermediate=64, top_k=2, capacity=8)
     with pytest.raises(ValueError, match="needs EP > 1"):

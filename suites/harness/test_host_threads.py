@@ -1,10 +1,10 @@
-"""fixtures.host_threads: the pytest process's CPU threads beside GPU rank pools (the rule, and its override)."""
+"""fixtures.pools.host_threads: the pytest process's CPU threads beside GPU rank pools (the rule, and its override)."""
 
 from __future__ import annotations
 
 import pytest
 
-from fixtures.host_threads import TORCH_DEFAULT, host_threads
+from fixtures.pools.host_threads import TORCH_DEFAULT, host_threads
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 
@@ -26,7 +26,7 @@ def test_xdist_workers_on_a_cpu_machine_share_torchs_default(monkeypatch, worker
     """Two workers at two threads each on 2 cores spent 18 min of CPU time where one process spent 11."""
     monkeypatch.delenv("MOE_HOST_THREADS", raising=False)
     monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", workers)
-    monkeypatch.setattr("fixtures.host_threads.TORCH_DEFAULT", default)
+    monkeypatch.setattr("fixtures.pools.host_threads.TORCH_DEFAULT", default)
     assert host_threads(64, gpu_host=False) == want
 
 

@@ -9,14 +9,14 @@ import dataclasses
 import pytest
 import torch
 
-from fixtures.checks import CHECKS  # before fixtures.exact_check, which registers itself in it
-from fixtures.exact_check import exact_pool, exact_scenario, keeps_clamp
-from fixtures.flashinfer.descriptors import DESCRIPTORS
-from fixtures.geometries import layer_pool, tile_layer, wide_layer
-from fixtures.implementation import load
-from fixtures.problem import BatchCase, LayerCase, Scenario, make_weights
-from fixtures.runner import Subject
-from fixtures.selection import implementations_of
+from fixtures.core.checks import CHECKS  # before fixtures.core.exact_check, which registers itself in it
+from fixtures.core.exact_check import exact_pool, exact_scenario, keeps_clamp
+from fixtures.backends.flashinfer.descriptors import DESCRIPTORS
+from fixtures.core.geometries import layer_pool, tile_layer, wide_layer
+from fixtures.core.implementation import load
+from fixtures.core.problem import BatchCase, LayerCase, Scenario, make_weights
+from fixtures.core.runner import Subject
+from fixtures.core.selection import implementations_of
 from reference import exact_cases
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
@@ -87,10 +87,10 @@ def test_tile_and_wide_differ_in_shape_for_cpu_subjects():
 @pytest.mark.parametrize("spec", implementations_of({"sm90"}))
 @pytest.mark.parametrize("ep", [1, 2, 4, 8])
 def test_exact_cases_run_on_a_pool_shape(spec, ep):
-    """test_exact draws among the pooled layers whose clamp an exact case keeps (fixtures.exact_check.exact_pool),
+    """test_exact draws among the pooled layers whose clamp an exact case keeps (fixtures.core.exact_check.exact_pool),
     so its case is a pool shape: no kernel compile of its own (on the H200 14-35 s a test with the exact clamp of
     its own, 2-4 s on a built shape: reference.evidence.EXACT_EVERY_BACKEND). Only an implementation that cannot run unclamped brings the exact clamp, on
-    a pool layer's shape (its modules are prebuilt with it: fixtures/flashinfer/megamoe_modules.py)."""
+    a pool layer's shape (its modules are prebuilt with it: fixtures/backends/flashinfer/megamoe_modules.py)."""
     assert not CHECKS["exact"].own_test, "test_exact (suites/conformance/test_generic.py) runs the exact check"
     impl = load(spec)
     caps = impl.capabilities

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ci import nightly, time_budget
-from fixtures import options, progress
+from fixtures.plugin import options, progress
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +81,9 @@ def test_ep1_spreads_over_one_worker_per_gpu(count, tmp_path):
     assert ep1[ep1.index("--ep") + 1] == "1" and rest[rest.index("--ep") + 1] == "2,4,8" and not env2
     assert ep1[ep1.index("-n") + 1] == str(count) and "loadgroup" in ep1
     assert env1["MOE_PIN_WORKER_GPU"] == "1" and env1["MOE_GPU_LIST"] == ",".join(map(str, range(count)))
-    assert "fixtures.options" in ep1 and str(ROOT) in env1["PYTHONPATH"]  # for a replacement worker's command line
+    assert (
+        "fixtures.plugin.options" in ep1 and str(ROOT) in env1["PYTHONPATH"]
+    )  # for a replacement worker's command line
     # the second phase runs only the EP > 1 cases: the tests that take no EP size ran in the first
     assert rest[rest.index("-m") + 1] == "sm90 and ep"
 

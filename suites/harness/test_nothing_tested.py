@@ -1,4 +1,4 @@
-"""A run that tested nothing is never green (fixtures.nothing_tested): ``-m sm90`` where no SM90 GPU is visible, or
+"""A run that tested nothing is never green (fixtures.plugin.nothing_tested): ``-m sm90`` where no SM90 GPU is visible, or
 ``--impl`` naming a backend whose every test skips, ends with one line and exit 5; ``--allow-nothing-tested``
 accepts such a run."""
 

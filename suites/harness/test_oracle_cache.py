@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fixtures import oracle
+from fixtures.core import oracle
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 

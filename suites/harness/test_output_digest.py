@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fixtures.checks import output_digest
+from fixtures.core.checks import output_digest
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 

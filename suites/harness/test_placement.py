@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures import arch, placement
-from fixtures.flashinfer.descriptors import DESCRIPTORS
-from fixtures.implementation import load
-from fixtures.runner import Subject
+from fixtures import arch
+from fixtures.pools import placement
+from fixtures.backends.flashinfer.descriptors import DESCRIPTORS
+from fixtures.core.implementation import load
+from fixtures.core.runner import Subject
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 SHARING = next(d.impl_name for d in DESCRIPTORS if d.arch == "sm90" and d.ranks_share_device)

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from fixtures.checks import check_oracle
-from fixtures.dist.pool import PoolKey, RankFailure
-from fixtures.implementation import load
-from fixtures.problem import BatchCase, LayerCase, Scenario
-from fixtures.runner import Subject, run_scenario
-from fixtures.scheduler import get_pool
+from fixtures.core.checks import check_oracle
+from fixtures.pools.rank_pool import PoolKey, RankFailure
+from fixtures.core.implementation import load
+from fixtures.core.problem import BatchCase, LayerCase, Scenario
+from fixtures.core.runner import Subject, run_scenario
+from fixtures.scheduling.scheduler import get_pool
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu, pytest.mark.ep]
 

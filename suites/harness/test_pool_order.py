@@ -1,4 +1,4 @@
-"""Tests run grouped by the rank pool they use (conftest.py, fixtures/pool_order.py): a test marked ``rank_pool`` that names its
+"""Tests run grouped by the rank pool they use (conftest.py, fixtures/scheduling/pool_order.py): a test marked ``rank_pool`` that names its
 implementation by a parameter sorts with that implementation's ``subject`` tests at its EP size, so the pool and
 its compiled kernels are started once, not again each time the next test names another backend."""
 
@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from fixtures import pool_order as root
-from fixtures.implementation import load
+from fixtures.scheduling import pool_order as root
+from fixtures.core.implementation import load
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 
@@ -86,7 +86,7 @@ def test_under_xdist_each_implementation_is_one_run_of_tests_ep1_first():
 def test_impl_deselects_gpu_tests_about_another_implementation():
     """``--impl A``: a GPU test that names B by a parameter (the fault wrappers' ``name``, a behaviour test's
     descriptor) is deselected; A's, and CPU tests, stay."""
-    from fixtures.selection import deselect_other_implementations, implementations_of
+    from fixtures.core.selection import deselect_other_implementations, implementations_of
 
     a, b = implementations_of({"sm90"})[:2]
     items = [
@@ -108,7 +108,7 @@ def test_impl_deselects_gpu_tests_about_another_implementation():
 
 @pytest.mark.parametrize("given", ["faulty:scale_1e-2@{a}", "{a}+cuda_graph=True"])
 def test_a_wrapped_or_configured_spec_keeps_its_backends_gpu_tests(given):
-    from fixtures.selection import deselect_other_implementations, implementations_of
+    from fixtures.core.selection import deselect_other_implementations, implementations_of
 
     a, b = implementations_of({"sm90"})[:2]
     items = [
@@ -151,7 +151,7 @@ def _collected() -> list[_Collected]:
 
 
 def _keys(items) -> list:
-    from fixtures.runner import Subject
+    from fixtures.core.runner import Subject
 
     return list(dict.fromkeys(Subject(*s).pool_key for s in root.upcoming_subjects(items)))
 
@@ -176,7 +176,7 @@ def test_the_scheduler_orders_groups_and_plans_the_pools_by_host(monkeypatch, ho
     loadgroup (not pinned to a GPU each) group the rank-pool tests in EP1 and larger EP sizes, each worker's upcoming
     pools its group's from its first test of it; elsewhere each implementation (or module) is a group and the upcoming
     pools are every test's in order, none of a test marked skip."""
-    from fixtures.scheduler import Host, Scheduler
+    from fixtures.scheduling.scheduler import Host, Scheduler
 
     for name in ("MOE_MODEL_EP", "MOE_POOL_PREFETCH"):
         monkeypatch.delenv(name, raising=False)

@@ -1,4 +1,4 @@
-"""The next rank pools start while the current one runs (fixtures.scheduler.Scheduler: its upcoming list and the
+"""The next rank pools start while the current one runs (fixtures.scheduling.scheduler.Scheduler: its upcoming list and the
 cores its host leaves), and a pool started ahead that fails to come up is started again when a case needs it."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from fixtures.checks import check_oracle
-from fixtures.dist.pool import PoolKey
-from fixtures.implementation import load
-from fixtures.problem import BatchCase, LayerCase, Scenario
-from fixtures.runner import Subject
-from fixtures.scheduler import KEPT_CORES, Host, Scheduler, current
+from fixtures.core.checks import check_oracle
+from fixtures.pools.rank_pool import PoolKey
+from fixtures.core.implementation import load
+from fixtures.core.problem import BatchCase, LayerCase, Scenario
+from fixtures.core.runner import Subject
+from fixtures.scheduling.scheduler import KEPT_CORES, Host, Scheduler, current
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu, pytest.mark.ep]
 

@@ -1,4 +1,4 @@
-"""A rank pool started ahead builds its subjects' pool layers before its first case (fixtures.dist.warmup), and a
+"""A rank pool started ahead builds its subjects' pool layers before its first case (fixtures.scheduling.warmup), and a
 warm-up that fails or hangs is given up, bounded and named, never failing or hanging the case that follows."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ import time
 
 import pytest
 
-from fixtures import results
-from fixtures.checks import check_oracle
-from fixtures.dist import warmup
-from fixtures.geometries import layer_pool
-from fixtures.implementation import load
-from fixtures.problem import BatchCase, LayerCase, Scenario
-from fixtures.results import records
-from fixtures.runner import Subject, run_scenario
-from fixtures.scheduler import current
+from fixtures.core import results
+from fixtures.core.checks import check_oracle
+from fixtures.scheduling import warmup
+from fixtures.core.geometries import layer_pool
+from fixtures.core.implementation import load
+from fixtures.core.problem import BatchCase, LayerCase, Scenario
+from fixtures.core.results import records
+from fixtures.core.runner import Subject, run_scenario
+from fixtures.scheduling.scheduler import current
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu, pytest.mark.ep]
 
@@ -37,8 +37,8 @@ def test_a_rank_that_closes_a_model_layer_gives_its_cached_gpu_memory_back(monke
     """Evicting a large layer empties the rank's CUDA cache (a no-op without CUDA); a small one does not."""
     import torch
 
-    from fixtures.dist.rank_runner import RankRunner
-    from fixtures.geometries import MODELS, model_layer
+    from fixtures.pools.rank_runner import RankRunner
+    from fixtures.core.geometries import MODELS, model_layer
 
     emptied = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))

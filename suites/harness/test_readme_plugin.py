@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.checks import ConformanceFailure, check_oracle
-from fixtures.implementation import load
-from fixtures.problem import BatchCase, LayerCase, Scenario
-from fixtures.runner import Subject
-from fixtures.scheduler import isolated
+from fixtures.core.checks import ConformanceFailure, check_oracle
+from fixtures.core.implementation import load
+from fixtures.core.problem import BatchCase, LayerCase, Scenario
+from fixtures.core.runner import Subject
+from fixtures.scheduling.scheduler import isolated
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ci import report_bounds, report_plots
-from fixtures.results import CaseRecord, case_records, tolerance_fields
+from fixtures.core.results import CaseRecord, case_records, tolerance_fields
 from reference.evidence import RAW_NIGHTLY_GREEN
 from reference.tolerances import PUSH_FP8
 

@@ -1,5 +1,5 @@
 """ci.report (ci.report_bounds) draws each backend's errors against the tolerance its checks held it to: the one its
-per-case records carry, or for older records the backend's effective tolerance (fixtures.implementation), never the
+per-case records carry, or for older records the backend's effective tolerance (fixtures.core.implementation), never the
 recipe's alone when the backend overrides it."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import json
 import pytest
 
 from ci import report_bounds
-from fixtures.implementation import load
-from fixtures.results import CaseRecord, case_records, tolerance_fields
+from fixtures.core.implementation import load
+from fixtures.core.results import CaseRecord, case_records, tolerance_fields
 from reference.recipes import BF16_WEIGHTS, SM90_PULL_FP8_BLOCKWISE
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures import results
+from fixtures.core import results
 from reference.evidence import RAW_NIGHTLY_GREEN
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]

@@ -1,4 +1,4 @@
-"""The routing-op descriptors (fixtures/flashinfer/routing_ops.py) name their methods from reference.routing's one
+"""The routing-op descriptors (fixtures/backends/flashinfer/routing_ops.py) name their methods from reference.routing's one
 table: a name the table lacks is refused when the descriptor is made, and every method of the table is implemented
 by some op, so the routing-op tests draw it."""
 
@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from fixtures.flashinfer.routing_ops import OPS
+from fixtures.backends.flashinfer.routing_ops import OPS
 from reference.routing import METHOD_TABLE
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]

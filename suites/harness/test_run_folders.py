@@ -1,4 +1,4 @@
-"""Runs never mix (fixtures.run_folder): each session writes into a run folder of its own, the workers of one session
+"""Runs never mix (fixtures.plugin.run_folder): each session writes into a run folder of its own, the workers of one session
 share it, summary.json follows its schema and counts as pytest does, and shards merged (ci.runs) read as the run
 that was not sharded."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ci import cli, compare_runs, report
-from fixtures import run_folder
+from fixtures.plugin import run_folder
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,5 +1,5 @@
 """A pytest process that dies without a summary names the test it died in: ``<results-dir>/running-<worker>.txt``
-(conftest, fixtures.results.mark_running), quoted first by the report. On an H200
+(conftest, fixtures.core.results.mark_running), quoted first by the report. On an H200
 (reference.evidence.AOT_CRASH_AND_CUT_SHORT) an AOT module's missing driver symbol ended pytest inside
 test_gpu_behaviour with exit 127 and no line of its own: the captured stderr died with the process."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ci import report
-from fixtures import run_folder
+from fixtures.plugin import run_folder
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]

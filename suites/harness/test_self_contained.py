@@ -160,8 +160,8 @@ def test_evidence_links_name_logs_that_exist():
 
 
 def test_every_hardware_bound_finding_and_descriptor_links_its_log():
-    from fixtures import findings
-    from fixtures.flashinfer.descriptors import ALL_DESCRIPTORS
+    from fixtures.core import findings
+    from fixtures.backends.flashinfer.descriptors import ALL_DESCRIPTORS
     from reference import evidence
     from reference.recipes import KERNEL_RECIPES
 

@@ -1,4 +1,4 @@
-"""The settings module (fixtures.settings) and the start-of-run checks (fixtures.options): every ``MOE_*``
+"""The settings module (fixtures.settings) and the start-of-run checks (fixtures.plugin.options): every ``MOE_*``
 variable is declared once, an invalid value is one line naming it, and bad options are one usage error."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from fixtures import options, settings
+from fixtures.plugin import options
+from fixtures import settings
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,7 +112,7 @@ def test_an_invalid_value_stops_ci_test_sh_with_one_line():
 
 
 class _Config:
-    """The options fixtures.options.check reads, as pytest's config would give them."""
+    """The options fixtures.plugin.options.check reads, as pytest's config would give them."""
 
     def __init__(self, **given):
         self.given = {"--impl": None, "--ep": None, "--hypothesis-profile": None, "markexpr": "", **given}
@@ -158,8 +159,8 @@ def test_an_ep_size_no_selected_impl_supports_is_a_usage_error(monkeypatch, ep):
 
 
 def test_an_ep_size_some_selected_impls_support_stays_a_skip_for_the_others(monkeypatch):
-    from fixtures.implementation import load
-    from fixtures.selection import ep_skip_reason
+    from fixtures.core.implementation import load
+    from fixtures.core.selection import ep_skip_reason
 
     only8 = "sm100_bf16_bf16_bf16_rank_major_cuda"
     assert load(only8).capabilities.ep_sizes == (8,), "pick another EP8-only backend for this test"

@@ -2,7 +2,7 @@
 and only the missing requirements of the [test] extra are added (ci/active_python.py), never torch or FlashInfer;
 without torch, or with MOE_USE_VENV=1, the suite's own .venv; ~/gpu-env.sh's python3 second to an active environment
 of the user's own. And the session header: where the torch and FlashInfer under test are loaded from
-(fixtures/environment_report.py).
+(fixtures/plugin/environment_report.py).
 
 Each test builds a throwaway venv offline in a few seconds (fakes as installed metadata, a stub pip); ci/setup.sh
 itself runs for real, from a copy of its inputs."""
@@ -309,7 +309,7 @@ def test_the_header_shows_a_source_build_of_flashinfer_without_importing_it(tmp_
     python = user_environment(tmp_path / "user", flashinfer="broken")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     done = subprocess.run(
-        [str(python), "-m", "fixtures.environment_report"],
+        [str(python), "-m", "fixtures.plugin.environment_report"],
         cwd=ROOT,
         env=env,
         capture_output=True,

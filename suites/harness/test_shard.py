@@ -1,4 +1,4 @@
-"""``--shard K/N`` (fixtures.shard): the shards partition the collected tests exactly, a rank pool's tests stay in one
+"""``--shard K/N`` (fixtures.plugin.shard): the shards partition the collected tests exactly, a rank pool's tests stay in one
 shard, two processes make the same split, and a bad value is one usage-error line."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures import shard
+from fixtures.plugin import shard
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tools.summarise_cases import main, summarise
-from fixtures.results import CaseRecord
+from fixtures.core.results import CaseRecord
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 

@@ -1,4 +1,4 @@
-"""fixtures.systematic on synthetic outputs: each statistic finds its fault through noise of the size a
+"""fixtures.core.systematic on synthetic outputs: each statistic finds its fault through noise of the size a
 correct FP8 kernel shows (relative L2 ~0.006 against its recipe), and stays quiet on noise alone."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fixtures import systematic
+from fixtures.core import systematic
 from reference.tolerances import PROVISIONAL_SYSTEMATIC as BOUNDS
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]

@@ -15,7 +15,7 @@ import pytest
 
 from ci import cli, compare_runs, time_budget
 from ci.time_budget import PARTS, compiles
-from fixtures.results import records
+from fixtures.core.results import records
 from reference.evidence import RAW_NIGHTLY_GREEN, RAW_RESTRUCTURE_UNCHANGED
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
@@ -119,10 +119,10 @@ def test_sessions_count_the_busiest_worker_and_a_session_cut_short(tmp_path):
 
 
 def test_a_run_splits_into_pool_start_build_and_case():
-    """fixtures.runner's parts of one pool run: the slowest rank's build and first forward (two ranks: 4 s together)
+    """fixtures.core.runner's parts of one pool run: the slowest rank's build and first forward (two ranks: 4 s together)
     fitted into the 3 s its wait had left after the pool's start."""
-    from fixtures import runner, time_spent
-    from fixtures.problem import LayerCase, Scenario
+    from fixtures.core import runner, time_spent
+    from fixtures.core.problem import LayerCase, Scenario
 
     layer = LayerCase(num_experts=4, hidden=8, intermediate=4, top_k=2, capacity=4, weight_seed=7)
     time_spent.take()
@@ -147,7 +147,7 @@ def compiling_reference():
     impl = reference_ep()
 
     def build(ctx, layer, w13, w2):
-        from fixtures.flashinfer import cute_dsl_cache as cache
+        from fixtures.backends.flashinfer import cute_dsl_cache as cache
 
         first = ctx.rank == 0
         for key, n in (
@@ -163,12 +163,12 @@ def compiling_reference():
 
 @pytest.mark.ep
 def test_the_ranks_cute_dsl_compiles_reach_the_tests_record():
-    """Each rank's compile counts of a run (fixtures.dist.rank_runner), summed into the test's record; a run on the
+    """Each rank's compile counts of a run (fixtures.pools.rank_runner), summed into the test's record; a run on the
     cached layer adds none."""
-    from fixtures import time_spent
-    from fixtures.implementation import load
-    from fixtures.problem import BatchCase, LayerCase, Scenario
-    from fixtures.runner import Subject, run_scenario
+    from fixtures.core import time_spent
+    from fixtures.core.implementation import load
+    from fixtures.core.problem import BatchCase, LayerCase, Scenario
+    from fixtures.core.runner import Subject, run_scenario
 
     subject = Subject(COMPILING_REFERENCE, load(COMPILING_REFERENCE), 4)
     layer = LayerCase(num_experts=8, hidden=32, intermediate=16, top_k=2, capacity=8, weight_seed=5)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.flashinfer import jit_modules
-from fixtures.flashinfer.descriptors import installed_version
+from fixtures.backends.flashinfer import jit_modules
+from fixtures.backends.flashinfer.descriptors import installed_version
 from ci import cli
 from suites.harness.shared_objects import CC, FAKE_CUDA_H, compile_so
 from tools import driver_stub, toolkit_assembly, toolkit_check

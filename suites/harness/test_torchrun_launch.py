@@ -1,4 +1,4 @@
-"""torchrun as the launcher (fixtures.torchrun, fixtures.dist.inprocess): ``torchrun --nproc_per_node=2 -m pytest``
+"""torchrun as the launcher (fixtures.plugin.torchrun, fixtures.pools.inprocess): ``torchrun --nproc_per_node=2 -m pytest``
 on the CPU, with reference-ep and two faulty implementations, in a results folder of the test's own.
 
 One launch (``launch``) runs the EP-invariance test for the three and the probes of suites/harness/torchrun_probe.py;
@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from ci import time_budget
-from fixtures import results
+from fixtures.core import results
 from fixtures.backends.reference_ep import REFERENCE_EP_CAPS
-from fixtures.dist import inprocess
-from fixtures.runner import Subject
-from fixtures.implementation import load
+from fixtures.pools import inprocess
+from fixtures.core.runner import Subject
+from fixtures.core.implementation import load
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu, pytest.mark.ep]
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,9 +141,9 @@ def test_a_stuck_rank_is_named_by_rank_case_and_phase(tmp_path):
 
 
 def test_the_backend_is_the_subjects_own():
-    from fixtures.flashinfer import adapter, megamoe_adapter
-    from fixtures.flashinfer.descriptors import DESCRIPTORS
-    from fixtures.flashinfer.megamoe_paths import PATHS
+    from fixtures.backends.flashinfer import adapter, megamoe_adapter
+    from fixtures.backends.flashinfer.descriptors import DESCRIPTORS
+    from fixtures.backends.flashinfer.megamoe_paths import PATHS
 
     assert inprocess.subject_backend(REFERENCE_EP_CAPS) == "gloo"
     assert inprocess.subject_backend(megamoe_adapter.capabilities(PATHS[0])) == "nccl"
@@ -159,9 +159,9 @@ def test_the_backend_is_the_subjects_own():
 
 
 def test_a_launch_plans_its_subjects_backend(monkeypatch):
-    from fixtures.flashinfer import megamoe_adapter
-    from fixtures.flashinfer.megamoe_paths import PATHS
-    from fixtures.implementation import Implementation
+    from fixtures.backends.flashinfer import megamoe_adapter
+    from fixtures.backends.flashinfer.megamoe_paths import PATHS
+    from fixtures.core.implementation import Implementation
 
     monkeypatch.setattr(inprocess, "_STATE", {**inprocess._STATE})
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "t")

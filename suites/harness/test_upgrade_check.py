@@ -46,7 +46,7 @@ def test_a_site_folder_side_runs_its_flashinfer_in_front(tmp_path):
 
 def test_the_sides_share_no_deepgemm_cubin_folder(tmp_path, monkeypatch):
     """A TRTLLM_DG_CACHE_DIR of the caller's would give both versions one cubin folder whose names carry no
-    version (fixtures/flashinfer/deepgemm_cache.py): each side's environment drops it."""
+    version (fixtures/backends/flashinfer/deepgemm_cache.py): each side's environment drops it."""
     monkeypatch.setenv("TRTLLM_DG_CACHE_DIR", str(tmp_path / "shared"))
     side = upgrade_check.Side(Path(sys.executable), str(tmp_path))
     assert "TRTLLM_DG_CACHE_DIR" not in side.env() and side.env()["MOE_HYPOTHESIS_PROFILE"] == "ci"

@@ -1,6 +1,6 @@
 """ci/workers.py: how many pytest-xdist workers ci/test.sh uses. By default (auto) one per core up to 2 without a
 GPU, three on a GPU host (EP1 pools, larger EP sizes' pools, the rest), one process in a run that a worker's test
-starts; MOE_WORKERS=N asks for N. An invalid value is one line. In a worker, rank pools follow fixtures.scheduler's
+starts; MOE_WORKERS=N asks for N. An invalid value is one line. In a worker, rank pools follow fixtures.scheduling.scheduler's
 rules for a shared host."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ci import cli
-from fixtures import spread
-from fixtures.scheduler import Host, Scheduler
-from fixtures.pool_order import ALL_POOLS_GROUP, EP1_GROUP, LARGER_EP_GROUP, pool_group
+from fixtures.scheduling import spread
+from fixtures.scheduling.scheduler import Host, Scheduler
+from fixtures.scheduling.pool_order import ALL_POOLS_GROUP, EP1_GROUP, LARGER_EP_GROUP, pool_group
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ def test_a_run_that_a_test_starts_is_one_process(value, inherited):
 
 
 def _header(stdout: str) -> list[str]:
-    """The session header's lines that say how the suite runs (fixtures.options, conftest.py)."""
+    """The session header's lines that say how the suite runs (fixtures.plugin.options, conftest.py)."""
     return [line for line in stdout.splitlines() if line.startswith("moe-conformance")]
 
 
@@ -92,7 +92,7 @@ def _header(stdout: str) -> list[str]:
     [(None, (), True), ("2", ("-s",), False), ("2", ("--pdb",), False), ("2", ("-p", "no:xdist"), False)],
 )
 def test_both_commands_spread_unless_the_arguments_need_one_process(setting, args, plain_too):
-    """The suite's plugin spreads a run as fixtures.spread says, for ``bash ci/test.sh`` and a plain ``python -m
+    """The suite's plugin spreads a run as fixtures.scheduling.spread says, for ``bash ci/test.sh`` and a plain ``python -m
     pytest`` alike, with the same session header (layout, multicast-off environment, hypothesis profile); -s (a
     worker's output goes nowhere), --pdb (xdist refuses it) and xdist turned off keep one process even where
     MOE_WORKERS asks for two."""
@@ -187,8 +187,8 @@ def test_on_a_gpu_host_ep1_pools_larger_ep_sizes_and_the_rest_run_on_three_worke
     EP2 is compared with it in that process), the tests without a pool on the third (their records' worker). Where
     the nightly pins a worker to each GPU (MOE_PIN_WORKER_GPU), each implementation's tests are a group, as without a
     GPU."""
-    from fixtures.pool_order import OTHER_GROUP
-    from fixtures.results import records
+    from fixtures.scheduling.pool_order import OTHER_GROUP
+    from fixtures.core.results import records
 
     line = [
         sys.executable,
@@ -197,7 +197,7 @@ def test_on_a_gpu_host_ep1_pools_larger_ep_sizes_and_the_rest_run_on_three_worke
         "-p",
         "no:cacheprovider",
         "-p",
-        "fixtures.options",
+        "fixtures.plugin.options",
         "-p",
         "suites.harness.fake_gpu_host",
         "-n",
@@ -244,10 +244,10 @@ def test_on_a_gpu_host_ep1_pools_larger_ep_sizes_and_the_rest_run_on_three_worke
 
 
 class _Item:
-    """A collected test as fixtures.pool_order reads it: its subject parameter and its marks."""
+    """A collected test as fixtures.scheduling.pool_order reads it: its subject parameter and its marks."""
 
     def __init__(self, ep: int, *marks: str):
-        from fixtures.implementation import load
+        from fixtures.core.implementation import load
 
         self.callspec = type("Callspec", (), {"params": {"subject": ("reference-ep", load("reference-ep"), ep)}})()
         self._marks = marks
@@ -284,11 +284,11 @@ _SEEN: list[int] = []
 
 
 def test_a_hypothesis_test_draws_the_same_cases_under_workers_as_in_one_process():
-    """pytest-xdist's "@<group>" suffix of a node id stays out of hypothesis's key (fixtures.draw_keys), so a
+    """pytest-xdist's "@<group>" suffix of a node id stays out of hypothesis's key (fixtures.plugin.draw_keys), so a
     derandomized test draws the same cases in one process and on a worker."""
     from types import SimpleNamespace
 
-    from fixtures.draw_keys import drop_group_from_key
+    from fixtures.plugin.draw_keys import drop_group_from_key
 
     def draws(nodeid, group):
         inner = _drawn.hypothesis.inner_test
@@ -315,7 +315,7 @@ def test_a_child_pytest_forgets_the_worker_it_inherited():
     """A test's child run is no worker: its records, time budget and clean exit are its own."""
     from types import SimpleNamespace
 
-    from fixtures.options import forget_inherited_worker
+    from fixtures.plugin.options import forget_inherited_worker
 
     env = {"PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "2", "PYTEST_XDIST_TESTRUNUID": "x", "A": "1"}
     assert forget_inherited_worker(SimpleNamespace(), env) and env == {"A": "1"}

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from fixtures.dist import inprocess
-from fixtures.geometries import tile_layer
-from fixtures.implementation import Implementation, load
-from fixtures.problem import BatchCase, Scenario
-from fixtures.runner import Subject, run_scenario
+from fixtures.pools import inprocess
+from fixtures.core.geometries import tile_layer
+from fixtures.core.implementation import Implementation, load
+from fixtures.core.problem import BatchCase, Scenario
+from fixtures.core.runner import Subject, run_scenario
 from reference.numerics import Tolerance
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]

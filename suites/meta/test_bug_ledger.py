@@ -1,4 +1,4 @@
-"""The bug ledger (fixtures/bug_ledger.py) on the CPU: every row with a fault is caught by its row's check, the clean
+"""The bug ledger (fixtures/backends/bug_ledger.py) on the CPU: every row with a fault is caught by its row's check, the clean
 reference passes the same checks, and the catch rate over the rows that apply to MegaMoE is computed from the table.
 
 Rule: at least ``CPU_RATE_FLOOR`` (90%) of the applicable rows caught. Today 26 of 27 (96.3%); the miss is
@@ -16,13 +16,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fixtures import bug_ledger, results
+from fixtures.backends import bug_ledger
+from fixtures.core import results
 from fixtures.backends.faulty import DEFAULT_INNER, FAULTS
-from fixtures.checks import CHECKS, ConformanceFailure, run_checks, triage
-from fixtures.triage import find_failure
-from fixtures.implementation import load
-from fixtures.runner import Subject
-from fixtures.strategies import scenarios
+from fixtures.core.checks import CHECKS, ConformanceFailure, run_checks, triage
+from fixtures.plugin.triage import find_failure
+from fixtures.core.implementation import load
+from fixtures.core.runner import Subject
+from fixtures.core.strategies import scenarios
 from suites.meta.fault_search import search_settings
 
 pytestmark = [pytest.mark.meta, pytest.mark.cpu]
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _find_failure(exc: Exception) -> ConformanceFailure | None:
     """The check's failure inside whatever hypothesis raised (it may wrap it in a group), judged as at a test's
-    boundary (fixtures.checks.triage: a failure on a layer with a history is rerun on a fresh layer)."""
+    boundary (fixtures.core.checks.triage: a failure on a layer with a history is rerun on a fresh layer)."""
     failure = find_failure(exc)
     return None if failure is None else triage(failure)
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.checks import ConformanceFailure, check_oracle
-from fixtures.exact_check import check_exact
-from fixtures.implementation import load
-from fixtures.problem import BatchCase, LayerCase, Scenario
-from fixtures.runner import Subject
+from fixtures.core.checks import ConformanceFailure, check_oracle
+from fixtures.core.exact_check import check_exact
+from fixtures.core.implementation import load
+from fixtures.core.problem import BatchCase, LayerCase, Scenario
+from fixtures.core.runner import Subject
 from reference.recipes import KERNEL_RECIPES
 
 pytestmark = [pytest.mark.meta, pytest.mark.cpu]

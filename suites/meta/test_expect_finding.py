@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.findings import expect_finding
+from fixtures.core.findings import expect_finding
 
 pytestmark = [pytest.mark.meta, pytest.mark.cpu]
 

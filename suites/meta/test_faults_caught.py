@@ -14,14 +14,14 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from ci import repro
-from fixtures import results
-from fixtures.checks import CHECKS, ConformanceFailure, run_checks, triage, suite_python
-from fixtures.triage import find_failure
-from fixtures.implementation import load
+from fixtures.core import results
+from fixtures.core.checks import CHECKS, ConformanceFailure, run_checks, triage, suite_python
+from fixtures.plugin.triage import find_failure
+from fixtures.core.implementation import load
 from fixtures.backends.faulty import FAULTS, LEDGER_FAULTS, SCALE_SIZE, resolution_faults
 from reference.recipes import ALL_RECIPES
-from fixtures.strategies import scenarios
-from fixtures.runner import Subject
+from fixtures.core.strategies import scenarios
+from fixtures.core.runner import Subject
 from suites.meta.fault_search import search_settings
 
 pytestmark = [pytest.mark.meta, pytest.mark.cpu]
@@ -32,7 +32,7 @@ MAX_EXAMPLES = 60
 
 def _find_failure(exc: Exception) -> ConformanceFailure | None:
     """The check's failure inside whatever hypothesis raised (it may wrap it in a group), judged as at a test's
-    boundary (fixtures.checks.triage: a failure on a layer with a history is rerun on a fresh layer)."""
+    boundary (fixtures.core.checks.triage: a failure on a layer with a history is rerun on a fresh layer)."""
     failure = find_failure(exc)
     return None if failure is None else triage(failure)
 

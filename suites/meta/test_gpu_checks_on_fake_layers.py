@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 import torch
 
-from fixtures import findings
-from fixtures.flashinfer.schema import MASKED_ID_FINDINGS
-from fixtures.flashinfer.descriptors import DESCRIPTORS
-from fixtures.flashinfer import behaviour
+from fixtures.core import findings
+from fixtures.backends.flashinfer.schema import MASKED_ID_FINDINGS
+from fixtures.backends.flashinfer.descriptors import DESCRIPTORS
+from fixtures.backends.flashinfer import behaviour
 
 pytestmark = [pytest.mark.meta, pytest.mark.cpu]
 

@@ -1,5 +1,5 @@
-"""A kernel whose output depends on its earlier calls is named for what it is (fixtures.history): the generic suite
-fails it as ``[history]`` within seconds, at the test's boundary (fixtures.triage, past hypothesis), with a
+"""A kernel whose output depends on its earlier calls is named for what it is (fixtures.core.history): the generic suite
+fails it as ``[history]`` within seconds, at the test's boundary (fixtures.plugin.triage, past hypothesis), with a
 reproduction that fails again; a plain fault on a layer with a history stays its own check; a clean layer never
 triggers it. The check's failure path reruns nothing: the triage does, at the boundary."""
 
@@ -16,19 +16,19 @@ import pytest
 import torch
 
 from ci import repro
-from fixtures.checks import AfterHistory, ConformanceFailure, check_oracle, triage
-from fixtures.scheduler import isolated
-from fixtures.history import HistoryFailure, check_history
-from fixtures.implementation import load
-from fixtures.problem import BatchCase, LayerCase, Scenario
-from fixtures.runner import RunResult, Subject, run_scenario
-from fixtures.triage import judged
+from fixtures.core.checks import AfterHistory, ConformanceFailure, check_oracle, triage
+from fixtures.scheduling.scheduler import isolated
+from fixtures.core.history import HistoryFailure, check_history
+from fixtures.core.implementation import load
+from fixtures.core.problem import BatchCase, LayerCase, Scenario
+from fixtures.core.runner import RunResult, Subject, run_scenario
+from fixtures.plugin.triage import judged
 
 pytestmark = [pytest.mark.meta, pytest.mark.cpu]
 generic = importlib.import_module("suites.conformance.test_generic")  # a module: its tests are not collected here
 ROOT = Path(__file__).resolve().parents[2]
 FAULT = "faulty:accumulate_into_output"
-# 2.5 to 9 s measured (EP1 and EP2, pool start included) on the shared 2-core CPU machine; without fixtures.history
+# 2.5 to 9 s measured (EP1 and EP2, pool start included) on the shared 2-core CPU machine; without fixtures.core.history
 # the same test ended in a FlakyFailure after 75 s at EP1.
 CAUGHT_WITHIN_S = 30
 LAYER = LayerCase(num_experts=4, hidden=32, intermediate=16, top_k=2, capacity=16, weight_seed=3)
@@ -60,7 +60,7 @@ def _reproduction(message: str) -> list[str]:
 @pytest.mark.parametrize("ep", [1, 2])
 def test_the_generic_suite_names_it_within_seconds_and_its_reproduction_fails_again(ep):
     """The generic suite's test_matches_reference (its hypothesis test, called here through the boundary that wraps
-    every test, fixtures.triage): [history] within CAUGHT_WITHIN_S seconds, past hypothesis. The printed
+    every test, fixtures.plugin.triage): [history] within CAUGHT_WITHIN_S seconds, past hypothesis. The printed
     reproduction fails the same way: run as printed at EP2 (a subprocess), through ci.repro's own functions at EP1."""
     subject = Subject(FAULT, load(FAULT), ep)
     started = time.monotonic()

@@ -12,9 +12,9 @@ import dataclasses
 import pytest
 import torch
 
-from fixtures.flashinfer import routing_check
-from fixtures.flashinfer.routing_check import RoutingCase
-from fixtures.flashinfer.routing_ops import BY_NAME
+from fixtures.backends.flashinfer import routing_check
+from fixtures.backends.flashinfer.routing_check import RoutingCase
+from fixtures.backends.flashinfer.routing_ops import BY_NAME
 from reference.routing import route, stable_topk, sum_normalize
 
 pytestmark = [pytest.mark.meta, pytest.mark.cpu]

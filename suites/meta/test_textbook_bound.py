@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.checks import ConformanceFailure, check_textbook
-from fixtures.oracle import expected
-from fixtures.compare import relative_l2
-from fixtures.implementation import Capabilities, Implementation
+from fixtures.core.checks import ConformanceFailure, check_textbook
+from fixtures.core.oracle import expected
+from fixtures.core.compare import relative_l2
+from fixtures.core.implementation import Capabilities, Implementation
 from fixtures.backends.faulty import _swap_gate_up
-from fixtures.problem import Scenario, make_batch, make_weights
-from fixtures.runner import RunResult, Subject
+from fixtures.core.problem import Scenario, make_batch, make_weights
+from fixtures.core.runner import RunResult, Subject
 from reference.moe import combine_terms, moe_terms, prepare_weights
 from reference.recipes import SM90_PULL_FP8_PER_TENSOR
 from reference.textbook import textbook_for_recipe

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fixtures.compare import relative_l2
-from fixtures.problem import BatchCase, LayerCase, make_batch, make_weights
+from fixtures.core.compare import relative_l2
+from fixtures.core.problem import BatchCase, LayerCase, make_batch, make_weights
 from reference.moe import combine_terms, expert_owners, moe_reference, moe_terms, prepare_weights
 from reference.recipes import SM90_PUSH_FP8
 

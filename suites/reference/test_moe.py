@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fixtures.compare import relative_l2
+from fixtures.core.compare import relative_l2
 from reference import recipes
 from reference.moe import deinterleave_gate_up, interleave_gate_up, moe_reference, moe_terms, prepare_weights
 from reference.recipes import FP32_EXACT, Quant
