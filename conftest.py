@@ -163,16 +163,16 @@ def subject_params(config) -> list:
     params = []
     for spec in selected_impls(config):
         impl = load(spec)
-        caps = impl.capabilities
+        contract = impl.contract
         for ep in selected_ep_sizes(config):
-            marks = [getattr(pytest.mark, caps.arch)] if caps.arch in arch.ARCH_MARKERS else [pytest.mark.cpu]
+            marks = [getattr(pytest.mark, contract.arch)] if contract.arch in arch.ARCH_MARKERS else [pytest.mark.cpu]
             if ep > 1:
                 marks.append(pytest.mark.ep)
             reason = None
             if _UNDER_TORCHRUN and ep != int(os.environ["WORLD_SIZE"]):
                 reason = f"launched by torchrun with WORLD_SIZE={os.environ['WORLD_SIZE']}: only EP{os.environ['WORLD_SIZE']} runs"
             else:
-                reason = ep_skip_reason(spec, caps, ep)
+                reason = ep_skip_reason(spec, contract, ep)
             if reason:
                 marks.append(pytest.mark.skip(reason=reason))
             params.append(pytest.param((spec, impl, ep), id=f"{spec}-EP{ep}", marks=marks))

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ci import cli
 
-SNAPSHOT_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "flashinfer"
+SNAPSHOT_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "backends" / "flashinfer"
 
 
 def _version_key(version: str) -> tuple:

@@ -54,7 +54,7 @@ def _effective_tolerance(impl: str) -> dict | None:
     from fixtures.core.implementation import load  # here: it imports torch (~2 s), which a usage error need not pay
 
     try:
-        return tolerance_fields(load(impl).capabilities.effective_tolerance)
+        return tolerance_fields(load(impl).contract.effective_tolerance)
     except (LookupError, ValueError, TypeError):  # a plugin not importable here, a name that no longer resolves
         return None
 
@@ -99,7 +99,11 @@ def points(cases: list, tolerances: dict[str, dict | None] | None = None) -> lis
                     continue
                 rel, cos = tol.global_bounds(rows or 0)
                 out.append(Point(rec.impl, rec.ep, "rel_l2", m["rel_l2"], rel, rows))
-                for stat, bound in (("cosine", cos), ("row_rel_max", tol.row_rel_l2), ("band_units_max", tol.band_c)):
+                for stat, bound in (
+                    ("cosine", cos),
+                    ("row_rel_max", tol.row_rel_l2),
+                    ("band_units_max", tol.band_units),
+                ):
                     if stat in m:
                         out.append(Point(rec.impl, rec.ep, stat, m[stat], bound, rows))
             gain = m.get("systematic", {}).get("gain")

@@ -96,7 +96,7 @@ def verdicts(subject: Subject, scenario: Scenario, names: list[str], seed: int) 
     out = []
     for name in names:
         check = CHECKS[name]
-        why = check.applies(subject.caps, subject.ep_size)
+        why = check.applies(subject.contract, subject.ep_size)
         if why:
             out.append((name, True, f"does not apply: {why}"))
             continue
@@ -135,10 +135,10 @@ def parse(argv) -> tuple[Subject, Scenario, list[str], int]:
         implementation = load(a.impl)
     except (LookupError, ValueError, TypeError) as err:
         raise cli.InputError(f"--impl: {err}") from None
-    if scenario.ep_size not in implementation.capabilities.ep_sizes:
+    if scenario.ep_size not in implementation.contract.ep_sizes:
         raise cli.InputError(
             f"--impl {a.impl} does not run at ep_size {scenario.ep_size}; it supports "
-            f"{implementation.capabilities.ep_sizes}"
+            f"{implementation.contract.ep_sizes}"
         )
     return Subject(a.impl, implementation, scenario.ep_size), scenario, names, a.seed
 

@@ -104,9 +104,9 @@ class Tolerance:
     Three criteria, all required (docs/flashinfer-kernels.md §5: FlashInfer pairs a global rel-L2 with an
     element-wise band):
     * global relative L2 ``||out - ref|| / ||ref|| <= rel_l2`` and cosine ``>= cosine``;
-    * per token: ``||out_t - ref_t|| <= row_rel_l2 * ||ref_t|| + row_floor * ||M_t||`` (catches one
+    * per token: ``||out_t - ref_t|| <= row_rel_l2 * ||ref_t|| + row_term_floor * ||M_t||`` (catches one
       wrong token in a large batch, which the global norm would dilute);
-    * per element, the magnitude band ``|out - ref| <= band_c * 2^-8 * M + band_atol``, where
+    * per element, the magnitude band ``|out - ref| <= band_units * 2^-8 * M + band_atol``, where
       M = Σ_k |w_k| (|s_k| @ |W2|^T) is the sum of the absolute products behind each output element
       ("agreement is bounded by the round-off of the largest term, not of the final value"; taken
       inside the FC2 GEMM, since a term that cancels there is no smaller in error than its products).
@@ -126,8 +126,8 @@ class Tolerance:
     rel_l2: float = 0.0
     cosine: float = 1.0
     row_rel_l2: float = 0.0
-    row_floor: float = 0.0
-    band_c: float = 0.0
+    row_term_floor: float = 0.0
+    band_units: float = 0.0
     band_atol: float = 0.0
     textbook_rel_l2: float = 1e-5
     bitwise: bool = False
@@ -175,8 +175,8 @@ FP32_ORDER = Tolerance(
     rel_l2=1e-5,
     cosine=0.99999,
     row_rel_l2=1e-4,
-    row_floor=1e-5,
-    band_c=1e-2,
+    row_term_floor=1e-5,
+    band_units=1e-2,
     band_atol=1e-6,
     textbook_rel_l2=1e-5,
     reason="the same fp32 math in another summation order: differences are fp32 round-off (~1e-7)",

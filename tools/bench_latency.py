@@ -143,17 +143,17 @@ def _inputs(layer: LayerCase, tokens: int, device):
     return b.hidden_states.to(device), b.topk_ids.to(device), b.topk_weights.to(device)
 
 
-def _one_rank_group(caps):
-    """The one-rank process group an implementation that asks the harness for one gets (Capabilities.dist_backend)."""
+def _one_rank_group(contract):
+    """The one-rank process group an implementation that asks the harness for one gets (Contract.dist_backend)."""
     import tempfile
 
     import torch.distributed as dist
 
-    if caps.dist_backend is None:
+    if contract.dist_backend is None:
         return None
     if not dist.is_initialized():
         store = dist.FileStore(str(Path(tempfile.mkdtemp()) / "store"), 1)
-        dist.init_process_group(caps.dist_backend, store=store, rank=0, world_size=1)
+        dist.init_process_group(contract.dist_backend, store=store, rank=0, world_size=1)
     return dist.group.WORLD
 
 
@@ -175,12 +175,12 @@ def measure(spec: str, geometry: Geometry, token_counts: list[int], device, warm
         implementation = load(spec)
         try:  # every registered implementation, built at one rank as the rank pools build it
             impl = implementation.build(
-                RankContext(0, 1, device, _one_rank_group(implementation.capabilities)), layer, w13, w2
+                RankContext(0, 1, device, _one_rank_group(implementation.contract)), layer, w13, w2
             )
         except Exception as err:  # noqa: BLE001 (a refused capacity or geometry is a row of the table)
             return [_error_row(spec, geometry, err)]
         # bytes a weight streams from HBM: E2M1 half a byte (FP8 x FP4 recipes name both, so FP4 first)
-        name = implementation.capabilities.recipe.name
+        name = implementation.contract.recipe.name
         weight_bytes = 0.5 if "fp4" in name else (1.0 if "fp8" in name else 2.0)
     rows, peaks = [], device_peaks(device)[1]
     try:
@@ -229,8 +229,8 @@ def main(argv=None) -> int:
             from fixtures.core.implementation import load
             from fixtures.core.selection import implementations_of
 
-            caps = {n: load(n).capabilities for n in implementations_of({"sm90"})}  # moe_ep and flashinfer.megamoe
-            specs += [n for n, c in caps.items() if 1 in c.ep_sizes and not (c.prerequisite and c.prerequisite())]
+            contract = {n: load(n).contract for n in implementations_of({"sm90"})}  # moe_ep and flashinfer.megamoe
+            specs += [n for n, c in contract.items() if 1 in c.ep_sizes and not (c.prerequisite and c.prerequisite())]
     rows, (gpu, peaks, why) = [], device_peaks(device)
     header = {"device": str(device), "gpu": gpu, "peaks": peaks, **({"peaks_missing": why} if why else {})}
     for name in a.geometry.split(","):

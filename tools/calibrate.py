@@ -2,7 +2,7 @@
 
     python -m tools.calibrate --impl sm90_fp8_fp8_bf16_pull_cutedsl[blockwise] --batches 40 --json out.json
 
-For every drawn batch (on the implementation's GPU layer pool and the model geometries it admits) it
+For every drawn batch (on the implementation's fixed GPU layers and the model geometries it admits) it
 records: global relative L2 and cosine against the recipe-emulating reference, the worst per-token
 relative error, the worst element error in units of the magnitude band (2^-8 * the absolute FC2
 product magnitude summed over routes, see reference.moe.moe_terms),
@@ -24,7 +24,7 @@ from ci import cli
 from fixtures.core import oracle, systematic
 from fixtures.core.compare import compare
 from fixtures.scheduling.scheduler import close_all
-from fixtures.core.geometries import MODELS, fits, layer_pool, model_layer
+from fixtures.core.geometries import MODELS, fits, fixed_layers, model_layer
 from fixtures.core.implementation import load
 from fixtures.core.runner import Subject, run_scenario
 from fixtures.core.selection import ep_skip_reason
@@ -39,9 +39,9 @@ def draw_method(rng: random.Random, top_k: int) -> str:
     return rng.choice(methods_for(top_k))
 
 
-def metrics(out: torch.Tensor, ref: torch.Tensor, term_mag: torch.Tensor, tol) -> dict:
+def metrics(out: torch.Tensor, ref: torch.Tensor, term_magnitude: torch.Tensor, tol) -> dict:
     """The comparison's own metrics (fixtures.core.compare), and whether the tolerance held."""
-    verdict = compare(out, ref, term_mag, tol)
+    verdict = compare(out, ref, term_magnitude, tol)
     return {
         "rel_l2": 0.0,
         "cosine": 1.0,
@@ -85,19 +85,17 @@ def main(argv=None) -> int:
         impl = load(a.impl)
     except (LookupError, TypeError) as err:
         raise cli.InputError(str(err)) from None
-    why = ep_skip_reason(a.impl, impl.capabilities, a.ep)
+    why = ep_skip_reason(a.impl, impl.contract, a.ep)
     if why:  # e.g. a JIT module that takes an hour of nvcc (F13): say so rather than start building it
         print(f"SKIPPED {a.impl} at EP{a.ep}: {why}", flush=True)
         return cli.NOTHING_TESTED
     subject = Subject(a.impl, impl, a.ep)
-    layers = layer_pool(impl.capabilities, a.ep)
+    layers = fixed_layers(impl.contract, a.ep)
     if a.models:
         layers += [
-            model_layer(m, impl.capabilities, a.ep, max_experts=a.models)
-            for m in MODELS
-            if not fits(m, impl.capabilities)
+            model_layer(m, impl.contract, a.ep, max_experts=a.models) for m in MODELS if not fits(m, impl.contract)
         ]
-    tol, bounds = impl.capabilities.effective_tolerance, impl.capabilities.calibration_systematic
+    tol, bounds = impl.contract.effective_tolerance, impl.contract.calibration_systematic
     device = oracle.oracle_device(subject)
     rng = random.Random(0)
     rows, started = [], time.monotonic()
@@ -121,12 +119,12 @@ def main(argv=None) -> int:
                 run = run_scenario(subject, scenario)
                 exp = oracle.expected(scenario, subject.recipe_for(scenario), device, with_terms=True)[0]
                 got = torch.cat(run.outputs[0])
-                found = systematic.estimates([got], exp.ref, exp.term_mag, exp.offsets, exp.terms, exp.ids)
+                found = systematic.estimates([got], exp.ref, exp.term_magnitude, exp.offsets, exp.terms, exp.ids)
                 row = {
                     "layer": [layer.hidden, layer.intermediate, layer.num_experts, layer.top_k, layer.clamp_limit],
                     "tokens": sum(tokens),
                     "method": method,
-                    **metrics(got, exp.ref, exp.term_mag, tol),
+                    **metrics(got, exp.ref, exp.term_magnitude, tol),
                     **systematic_stats(found),
                 }
                 if bounds is not None:  # the conformance check's own rule: how many it judged, which it would fail

@@ -77,7 +77,7 @@ def _tolerance_lines(tol) -> list[str]:
         return ["- tolerance: bitwise (`torch.equal`)", f"- why: {_link_evidence(tol.reason)}"]
     lines = [
         f"- tolerance: relative L2 <= {tol.rel_l2:g}, cosine >= {tol.cosine:g}; per token relative L2 <= "
-        f"{tol.row_rel_l2:g} + {tol.row_floor:g} of the term magnitude; per element {tol.band_c:g} x 2^-8 "
+        f"{tol.row_rel_l2:g} + {tol.row_term_floor:g} of the term magnitude; per element {tol.band_units:g} x 2^-8 "
         f"of the term magnitude + {tol.band_atol:g}; textbook relative L2 <= {tol.textbook_rel_l2:g}",
         f"- why: {_link_evidence(tol.reason)}",
     ]
@@ -93,35 +93,37 @@ def _tolerance_lines(tol) -> list[str]:
     return lines
 
 
-def _constraints(d) -> list[str]:
+def _constraints(descriptor) -> list[str]:
     lines = [
-        f"H a multiple of {d.hidden_multiple}, I a multiple of {d.intermediate_multiple}; top-k in "
-        f"{_join(d.top_k_values)}; at most {d.max_tokens_per_rank} tokens a rank; expert ids {d.topk_ids_dtype}",
-        "masked ids (-1) accepted" if d.supports_masked_ids else "masked ids (-1) not accepted",
-        f"clamp passed as `{d.clamp_field}`" if d.clamp_field else "no gate/up clamp",
-        "ranks may share a GPU" if d.ranks_share_device else "a GPU per EP rank",
-        "deterministic" if d.deterministic else "not deterministic",
+        f"H a multiple of {descriptor.hidden_multiple}, I a multiple of {descriptor.intermediate_multiple}; top-k in "
+        f"{_join(descriptor.top_k_values)}; at most {descriptor.max_tokens_per_rank} tokens a rank; expert ids {descriptor.topk_ids_dtype}",
+        "masked ids (-1) accepted" if descriptor.supports_masked_ids else "masked ids (-1) not accepted",
+        f"clamp passed as `{descriptor.clamp_field}`" if descriptor.clamp_field else "no gate/up clamp",
+        "ranks may share a GPU" if descriptor.ranks_share_device else "a GPU per EP rank",
+        "deterministic" if descriptor.deterministic else "not deterministic",
     ]
-    if d.accumulation_limit:
-        k, key = d.accumulation_limit
+    if descriptor.accumulation_limit:
+        k, key = descriptor.accumulation_limit
         lines.append(f"held to the recipe up to a GEMM reduction length of {k}, to finding {key} beyond it")
-    if d.weight_pack != "bf16":
-        lines.append(f"weights handed over as a prequantized {d.weight_pack} pack")
-    if not d.cpu_constructible:
+    if descriptor.weight_pack != "bf16":
+        lines.append(f"weights handed over as a prequantized {descriptor.weight_pack} pack")
+    if not descriptor.cpu_constructible:
         lines.append("its layer needs a GPU even to be constructed")
-    if d.jit_prerequisites:
-        lines.append(f"needs FlashInfer JIT modules {_join(f'`{m}`' for m in d.jit_prerequisites)} built first")
-    if d.adapter_gap:
-        lines.append(f"the adapter cannot build it yet: {d.adapter_gap}")
+    if descriptor.jit_prerequisites:
+        lines.append(
+            f"needs FlashInfer JIT modules {_join(f'`{m}`' for m in descriptor.jit_prerequisites)} built first"
+        )
+    if descriptor.adapter_gap:
+        lines.append(f"the adapter cannot build it yet: {descriptor.adapter_gap}")
     return lines
 
 
 def render_backends() -> str:
-    from fixtures.backends.flashinfer.adapter import capabilities
+    from fixtures.backends.flashinfer.adapter import contract_of
     from fixtures.backends.flashinfer.descriptors import ALL_DESCRIPTORS
 
     rows = sorted(ALL_DESCRIPTORS, key=lambda d: (int(d.arch[2:]), d.impl_name))
-    ep = {d.impl_name: _join(capabilities(d).ep_sizes) or "none the suite runs" for d in rows}
+    ep = {d.impl_name: _join(contract_of(d).ep_sizes) or "none the suite runs" for d in rows}
     out = [
         "# FlashInfer backends",
         "",
@@ -185,7 +187,7 @@ def render_backends() -> str:
 
 def _megamoe_rows(recipes: dict) -> list[str]:
     """flashinfer.megamoe's paths (fixtures/backends/flashinfer/megamoe_paths.py), a package apart from the moe_ep registry."""
-    from fixtures.backends.flashinfer.megamoe_adapter import capabilities
+    from fixtures.backends.flashinfer.megamoe_adapter import contract_of
     from fixtures.backends.flashinfer.megamoe_paths import PACKAGE, PATHS, VERSIONS
 
     out = [
@@ -202,22 +204,22 @@ def _megamoe_rows(recipes: dict) -> list[str]:
     sections = []
     for path in PATHS:
         recipes.setdefault(path.recipe.name, path.recipe)
-        caps = capabilities(path)
+        contract = contract_of(path)
         family = f"(kernel_family={path.kernel_family!r})" if path.kernel_family else ""
         out.append(
             f"| `{path.name}` | `{path.function}{family}` | [`{path.recipe.name}`]"
-            f"(#{_slug('recipe ' + path.recipe.name)}) | {_join(caps.ep_sizes)} | "
+            f"(#{_slug('recipe ' + path.recipe.name)}) | {_join(contract.ep_sizes)} | "
             f"{_finding_links(path.findings)} |"
         )
         sections += [
             "",
             f"### `{path.name}`",
             "",
-            f"- H a multiple of {caps.hidden_multiple} (of 512 above 4096), I a multiple of "
-            f"{caps.intermediate_multiple}" + (", 2I <= H" if path.half_intermediate else ""),
-            f"- top-k in {_join(caps.top_k_values)}; at most {caps.max_tokens_per_rank} tokens a rank in the "
+            f"- H a multiple of {contract.hidden_multiple} (of 512 above 4096), I a multiple of "
+            f"{contract.intermediate_multiple}" + (", 2I <= H" if path.half_intermediate else ""),
+            f"- top-k in {_join(contract.top_k_values)}; at most {contract.max_tokens_per_rank} tokens a rank in the "
             "generic suites; equal token counts on every rank (the adapter pads with -1 routes)",
-            f"- clamp {caps.clamp_when_none:g} where the layer has none (the package cannot run unclamped)",
+            f"- clamp {contract.clamp_when_none:g} where the layer has none (the package cannot run unclamped)",
             f"- facts from: {_cell(path.source)}",
             f"- evidence: {_cell(path.evidence or 'none yet: it has not run on hardware here')}",
         ]
@@ -385,9 +387,9 @@ def render_resolution() -> str:
         "|---|---|---|---|",
     ]
     for name in implementations_of({"sm90"}):
-        caps = load(name).capabilities
-        s = caps.effective_tolerance.systematic
-        ulps = EXACT_ULP_BOUNDS.get(caps.recipe.name, 0)
+        contract = load(name).contract
+        s = contract.effective_tolerance.systematic
+        ulps = EXACT_ULP_BOUNDS.get(contract.recipe.name, 0)
         exact = f"within {ulps} bf16 ulps" if ulps else "bit for bit"
         rows.append(
             f"| `{name}` | {100 * s.resolution[0]:g}% | {100 * s.resolution[1]:g}% | {exact} |"

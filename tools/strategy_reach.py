@@ -2,7 +2,7 @@
 
     python -m tools.strategy_reach        # print the table (tools.gen_docs writes it into docs/strategies.md)
 
-For reference-ep's capabilities at EP1, EP2 and EP4 it draws the ``ci`` profile's 10 derandomized scenarios
+For reference-ep's contract at EP1, EP2 and EP4 it draws the ``ci`` profile's 10 derandomized scenarios
 (``fixtures.core.strategies.scenarios``, as the conformance suite's CPU tier does) and counts, per dimension, the
 examples that reach its edge; a second derandomized run of ``ESTIMATE_EXAMPLES`` scenarios at EP2 estimates the
 chance p that one example does, and so 1 - (1 - p)^10, the chance that a test's 10 draws do.
@@ -85,7 +85,7 @@ MEASURES: list[tuple[str, str, Callable]] = [
 ]
 
 
-def _draw(caps, ep: int, examples: int) -> list:
+def _draw(contract, ep: int, examples: int) -> list:
     from fixtures.core.strategies import scenarios
 
     drawn = []
@@ -100,7 +100,7 @@ def _draw(caps, ep: int, examples: int) -> list:
     )
     @given(st.data())
     def draw(data):
-        drawn.append(data.draw(scenarios(caps, ep)))
+        drawn.append(data.draw(scenarios(contract, ep)))
 
     draw()
     return drawn
@@ -109,9 +109,9 @@ def _draw(caps, ep: int, examples: int) -> list:
 def measure() -> list[dict]:
     from fixtures.core.implementation import load
 
-    caps = load("reference-ep").capabilities
-    ci = {ep: _draw(caps, ep, CI_EXAMPLES) for ep in EP_SIZES}
-    many = _draw(caps, 2, ESTIMATE_EXAMPLES)
+    contract = load("reference-ep").contract
+    ci = {ep: _draw(contract, ep, CI_EXAMPLES) for ep in EP_SIZES}
+    many = _draw(contract, 2, ESTIMATE_EXAMPLES)
     rows = []
     for dim, edge, test in MEASURES:
         p = sum(map(test, many)) / len(many)
@@ -128,7 +128,7 @@ def measure() -> list[dict]:
     rows.append(
         {
             "dimension": "tokens/rank",
-            "edge": f"min {min(tokens)}, max {max(tokens)} (capacity {caps.max_tokens_per_rank})",
+            "edge": f"min {min(tokens)}, max {max(tokens)} (capacity {contract.max_tokens_per_rank})",
             "ci": None,
             "p": None,
             "reach": None,

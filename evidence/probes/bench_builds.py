@@ -33,17 +33,17 @@ from fixtures.core.selection import implementations_of
 import torch
 
 
-def _layers(caps, ep: int) -> list[tuple[str, LayerCase]]:
-    k = min(caps.top_k_values, key=lambda v: abs(v - 2))
+def _layers(contract, ep: int) -> list[tuple[str, LayerCase]]:
+    k = min(contract.top_k_values, key=lambda v: abs(v - 2))
     first = LayerCase(
         num_experts=max(4, ep * max(1, -(-k // ep))),
-        hidden=2 * caps.hidden_multiple,
-        intermediate=2 * caps.intermediate_multiple,
+        hidden=2 * contract.hidden_multiple,
+        intermediate=2 * contract.intermediate_multiple,
         top_k=k,
-        capacity=caps.max_tokens_per_rank,
+        capacity=contract.max_tokens_per_rank,
         weight_seed=1,
     )
-    other = dataclasses.replace(first, hidden=4 * caps.hidden_multiple)
+    other = dataclasses.replace(first, hidden=4 * contract.hidden_multiple)
     return [
         ("first", first),
         ("same-shape", dataclasses.replace(first, weight_seed=2)),
@@ -56,16 +56,16 @@ def _layers(caps, ep: int) -> list[tuple[str, LayerCase]]:
 def measure(spec: str, ep: int, models=()) -> list[dict]:
     impl = load(spec)
     subject = Subject(spec, impl, ep)
-    plan = _layers(impl.capabilities, ep)
+    plan = _layers(impl.contract, ep)
     for model in models:
         geometry = next(m for m in MODELS if m.name == model)
-        if fits(geometry, impl.capabilities) is None:
-            plan.append((f"model:{model}", model_layer(geometry, impl.capabilities, ep, max_experts=8)))
+        if fits(geometry, impl.contract) is None:
+            plan.append((f"model:{model}", model_layer(geometry, impl.contract, ep, max_experts=8)))
     rows = []
     for label, layer in plan:
         if label == "fresh-pool":
             close_all()
-        tokens = tuple(min(16, impl.capabilities.max_tokens_per_rank) for _ in range(ep))
+        tokens = tuple(min(16, impl.contract.max_tokens_per_rank) for _ in range(ep))
         scenario = Scenario(layer, (BatchCase(tokens=tokens, seed=3),), ep, (label,))
         started = time.monotonic()
         try:
@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     rows = []
     for spec in a.impl or implementations_of([a.arch]):
         for ep in (int(x) for x in a.ep.split(",")):
-            if ep in load(spec).capabilities.ep_sizes:
+            if ep in load(spec).contract.ep_sizes:
                 rows += measure(spec, ep, a.model)
     if a.json:
         with open(a.json, "w") as f:

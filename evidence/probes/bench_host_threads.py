@@ -24,7 +24,7 @@ import torch
 
 from fixtures.core import checks, oracle
 from fixtures.scheduling.scheduler import close_all, get_pool
-from fixtures.core.geometries import wide_layer
+from fixtures.core.geometries import multi_tile_layer
 from fixtures.pools.host_threads import host_threads
 from fixtures.core.implementation import load
 from fixtures.core.problem import BatchCase, Scenario
@@ -55,7 +55,7 @@ def check_work(subject: Subject, scenario: Scenario, outputs) -> float:
     """Seconds of the pytest process's check of one case's outputs, by the suite's own functions: the oracle
     check's comparison of every rank and batch, then the systematic statistics (the oracle itself, made afresh
     because the statistics release its per-route terms, is not timed)."""
-    with_terms = subject.caps.effective_tolerance.systematic is not None
+    with_terms = subject.contract.effective_tolerance.systematic is not None
     run = RunResult(
         outputs,
         0,
@@ -93,9 +93,9 @@ def main(argv=None) -> int:
     threads = [int(t) for t in a.threads.split(",")] if a.threads else sorted({default, 8, 4, 2, 1}, reverse=True)
     impl = load(a.impl)
     subject = Subject(a.impl, impl, a.ep)
-    caps = impl.capabilities
-    layer = wide_layer(caps, a.ep)
-    tokens = tuple(min(caps.max_tokens_per_rank, 64) for _ in range(a.ep))
+    contract = impl.contract
+    layer = multi_tile_layer(contract, a.ep)
+    tokens = tuple(min(contract.max_tokens_per_rank, 64) for _ in range(a.ep))
     scenario = Scenario(layer, tuple(BatchCase(tokens=tokens, seed=s) for s in range(3)), a.ep, ("bench-host",))
     report = {
         "impl": a.impl,

@@ -11,7 +11,7 @@ import torch
 from fixtures.core.checks import check_oracle
 from fixtures.core.compare import compare
 from fixtures.pools.inprocess import launched_by_torchrun
-from fixtures.core.geometries import tile_layer, wide_layer
+from fixtures.core.geometries import single_tile_layer, multi_tile_layer
 from fixtures.core.problem import BatchCase, Scenario
 from fixtures.core.selection import ep_skip_reason
 from fixtures.core.strategies import masked_pattern
@@ -25,18 +25,18 @@ pytestmark = pytest.mark.ep
 _AT_EP1: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _invariance_scenario(caps, ep: int) -> Scenario:
+def _invariance_scenario(contract, ep: int) -> Scenario:
     """One global problem (64 tokens when the capacity allows, split evenly) on the subject's wide layer,
     whose 16 experts are the same at EP1, 2, 4 and 8."""
-    layer = dataclasses.replace(wide_layer(caps, ep), weight_seed=2024)
-    total = 8 * min(8, caps.max_tokens_per_rank)
+    layer = dataclasses.replace(multi_tile_layer(contract, ep), weight_seed=2024)
+    total = 8 * min(8, contract.max_tokens_per_rank)
     batch = BatchCase(
         tokens=(total // ep,) * ep,
         seed=7,
         method="DeepSeekV3",
         bias_scale=1.0,
         routed_scaling_factor=2.5,
-        pattern=masked_pattern(caps),
+        pattern=masked_pattern(contract),
     )
     return Scenario(layer, (batch,), ep, ("ep-invariance",))
 
@@ -45,11 +45,11 @@ def _ep1_alone(subject) -> tuple[torch.Tensor, torch.Tensor]:
     """Under ``torchrun --nproc_per_node=N`` (only EP N runs): the EP1 output of the same problem, computed by each rank
     alone, in-process on a single-rank group of its own (fixtures.pools.inprocess), held to the oracle like any EP1
     case; its term magnitude."""
-    reason = ep_skip_reason(subject.impl, subject.caps, 1)
+    reason = ep_skip_reason(subject.name, subject.contract, 1)
     if reason:
-        pytest.skip(f"{subject.impl}: the EP1 baseline cannot run here: {reason}")
-    run = check_oracle(dataclasses.replace(subject, ep_size=1), _invariance_scenario(subject.caps, 1))
-    return torch.cat(run.outputs[0]), run.expected[0].term_mag
+        pytest.skip(f"{subject.name}: the EP1 baseline cannot run here: {reason}")
+    run = check_oracle(dataclasses.replace(subject, ep_size=1), _invariance_scenario(subject.contract, 1))
+    return torch.cat(run.outputs[0]), run.expected[0].term_magnitude
 
 
 @pytest.mark.ep_baseline  # its EP1 case must run in the process of its larger EP sizes (fixtures.scheduling.pool_order.pool_group)
@@ -59,25 +59,25 @@ def test_same_global_problem_at_every_ep_size(subject):
     bitwise for implementations whose tolerance is bitwise (reference-ep: each route is computed on the same
     rows by its owner and combined in slot order at every EP size); within tolerance otherwise, and within the
     recipe's own tolerance where the recipe itself depends on the EP size (a combine grouped by owner rank)."""
-    caps = subject.caps
-    if (8 * min(8, caps.max_tokens_per_rank)) % subject.ep_size:
+    contract = subject.contract
+    if (8 * min(8, contract.max_tokens_per_rank)) % subject.ep_size:
         pytest.skip(f"the 64-token problem does not split evenly over EP{subject.ep_size}")
-    run = check_oracle(subject, _invariance_scenario(caps, subject.ep_size))
+    run = check_oracle(subject, _invariance_scenario(contract, subject.ep_size))
     out = torch.cat(run.outputs[0])
     if subject.ep_size == 1:
-        _AT_EP1[subject.impl] = (out, run.expected[0].term_mag)
+        _AT_EP1[subject.name] = (out, run.expected[0].term_magnitude)
         return
-    if subject.impl not in _AT_EP1 and launched_by_torchrun():
-        _AT_EP1[subject.impl] = _ep1_alone(subject)
-    if subject.impl not in _AT_EP1:
+    if subject.name not in _AT_EP1 and launched_by_torchrun():
+        _AT_EP1[subject.name] = _ep1_alone(subject)
+    if subject.name not in _AT_EP1:
         pytest.skip(
-            f"{subject.impl}: EP1 of the same problem did not run earlier in this pytest process "
+            f"{subject.name}: EP1 of the same problem did not run earlier in this pytest process "
             f"(select --ep 1 too; under pytest-xdist each EP size may run on another worker)"
         )
-    base, mag = _AT_EP1[subject.impl]  # the term magnitude is per route, so the same at every EP size
-    verdict = compare(out, base, mag, caps.regrouped_tolerance)
+    base, mag = _AT_EP1[subject.name]  # the term magnitude is per route, so the same at every EP size
+    verdict = compare(out, base, mag, contract.regrouped_tolerance)
     assert verdict.ok, (
-        f"[ep-invariance] {subject.impl}: EP{subject.ep_size} differs from EP1 on the same global "
+        f"[ep-invariance] {subject.name}: EP{subject.ep_size} differs from EP1 on the same global "
         f"problem: {'; '.join(verdict.violations)}"
     )
 
@@ -88,12 +88,14 @@ def test_ranks_go_idle_independently(subject, seed):
     if subject.ep_size == 1:
         pytest.skip("independent idle ranks need EP > 1")
     rng = random.Random(seed)
-    cap = subject.caps.max_tokens_per_rank
+    cap = subject.contract.max_tokens_per_rank
     steps = []
     for step in range(6):
         tokens = tuple(0 if rng.random() < 0.5 else rng.randint(1, cap) for _ in range(subject.ep_size))
         steps.append(BatchCase(tokens=tokens, seed=100 * seed + step))
     steps.append(BatchCase(tokens=(cap,) * subject.ep_size, seed=999))  # then every rank busy
-    caps = subject.caps
-    layer = dataclasses.replace(tile_layer(caps, subject.ep_size), weight_seed=seed)  # other weights, same shape
+    contract = subject.contract
+    layer = dataclasses.replace(
+        single_tile_layer(contract, subject.ep_size), weight_seed=seed
+    )  # other weights, same shape
     check_oracle(subject, Scenario(layer, tuple(steps), subject.ep_size, ("idle-schedule",)))

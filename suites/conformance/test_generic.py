@@ -15,21 +15,25 @@ from hypothesis import strategies as st
 
 from fixtures.core import results
 from fixtures.core.checks import CHECKS, ConformanceFailure, check_oracle, check_textbook
-from fixtures.core.exact_check import CASES_PER_SUBJECT, check_exact, exact_pool
+from fixtures.core.exact_check import CASES_PER_SUBJECT, check_exact, exact_capable_layers
 from fixtures.core.findings import MEASURED_CASES, expect_finding
 from fixtures.core.history import HistoryFailure
-from fixtures.core.geometries import MODELS, fits, layer_pool, model_layer, tile_layer, wide_layer
+from fixtures.core.geometries import MODELS, fits, fixed_layers, model_layer, single_tile_layer, multi_tile_layer
 from fixtures.core.selection import model_ep_sizes
 from fixtures.settings import MODEL_EP
 from fixtures.core.problem import PATTERN_TABLE, PATTERNS, BatchCase, LayerCase, Scenario, pattern_skip
 from fixtures.core.strategies import batch_cases, masked_pattern, scenarios
 
 
-def drawn(subject, data, pool=lambda caps, layers: layers, **kw):
-    """A scenario inside the subject's capabilities; GPU subjects reuse a small pool of layers (``pool`` picks among
+def drawn(subject, data, pool=lambda contract, layers: layers, **kw):
+    """A scenario inside the subject's contract; GPU subjects reuse a small pool of layers (``pool`` picks among
     them)."""
-    layers = pool(subject.caps, layer_pool(subject.caps, subject.ep_size)) if subject.caps.device == "cuda" else None
-    return data.draw(scenarios(subject.caps, subject.ep_size, layers=layers, **kw), label="scenario")
+    layers = (
+        pool(subject.contract, fixed_layers(subject.contract, subject.ep_size))
+        if subject.contract.device == "cuda"
+        else None
+    )
+    return data.draw(scenarios(subject.contract, subject.ep_size, layers=layers, **kw), label="scenario")
 
 
 def _record(subject, scenario, check, started, run, textbook=()):
@@ -50,9 +54,9 @@ def test_matches_reference(subject, data):
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_check(subject, check, data, seed):
     """Each registered check beyond the oracle pair (test_matches_reference) on drawn scenarios."""
-    why = check.applies(subject.caps, subject.ep_size)
+    why = check.applies(subject.contract, subject.ep_size)
     if why:
-        pytest.skip(f"{subject.impl}: {check.name} {why}")
+        pytest.skip(f"{subject.name}: {check.name} {why}")
     check.run(subject, drawn(subject, data, max_batches=1 if check.single_batch else 3), seed, {})
 
 
@@ -63,9 +67,9 @@ def test_check(subject, check, data, seed):
 @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
 def test_exact(subject, data, seed):
     """The exact-arithmetic case (fixtures.core.exact_check, docs/exact-cases.md) derived from a drawn scenario: the
-    implementation's output is the recipe's, bit for bit. A GPU subject draws among the pooled layers whose clamp the
+    implementation's output is the recipe's, bit for bit. A GPU subject draws among the fixed layers whose clamp the
     case can keep, so it runs on a kernel the pool has built."""
-    check_exact(subject, drawn(subject, data, pool=exact_pool, max_batches=1), seed)
+    check_exact(subject, drawn(subject, data, pool=exact_capable_layers, max_batches=1), seed)
 
 
 _CHECKED_ON_CPU: set[str] = set()  # model-geometry tests of CPU subjects that have checked their batch
@@ -77,15 +81,15 @@ def test_adversarial_pattern(subject, pattern):
     layer: 16 experts and the most routes a token, so cross-rank and masked patterns reach every rank)."""
     methods = PATTERN_TABLE[pattern].methods
     method = methods[0] if methods else "Renormalize"
-    why = pattern_skip(pattern, subject.ep_size, method, subject.caps.supports_masked_ids)
+    why = pattern_skip(pattern, subject.ep_size, method, subject.contract.supports_masked_ids)
     if why:
-        known = f": {'; '.join(subject.caps.known_defects)}" if subject.caps.known_defects else ""
-        pytest.skip(f"{subject.impl}: {why}" + (known if PATTERN_TABLE[pattern].masks else ""))
-    tokens = tuple(min(subject.caps.max_tokens_per_rank, 5 + 3 * r) for r in range(subject.ep_size))
+        known = f": {'; '.join(subject.contract.known_defects)}" if subject.contract.known_defects else ""
+        pytest.skip(f"{subject.name}: {why}" + (known if PATTERN_TABLE[pattern].masks else ""))
+    tokens = tuple(min(subject.contract.max_tokens_per_rank, 5 + 3 * r) for r in range(subject.ep_size))
     batch = BatchCase(
         tokens=tokens, seed=99, method=method, pattern=pattern, bias_scale=1.0 if method == "DeepSeekV3" else 0.0
     )
-    layer = dataclasses.replace(wide_layer(subject.caps, subject.ep_size), weight_seed=1234)
+    layer = dataclasses.replace(multi_tile_layer(subject.contract, subject.ep_size), weight_seed=1234)
     check_oracle(subject, Scenario(layer, (batch,), subject.ep_size, (pattern,)))
 
 
@@ -114,28 +118,28 @@ def clamped_share(layer: LayerCase, batch: BatchCase, ep_size: int, style: str) 
 def test_clamp_is_applied(subject):
     """The wide layer's clamp, with inputs that make it cut: a kernel that drops or misplaces the clamp
     fails the oracle. The share of clamped values is asserted first, so the test cannot pass vacuously."""
-    if not subject.caps.recipe.clamp_supported:
-        pytest.skip(f"{subject.impl} has no clamp (recipe {subject.caps.recipe.name})")
-    layer = wide_layer(subject.caps, subject.ep_size)
-    tokens = tuple(min(subject.caps.max_tokens_per_rank, 8) for _ in range(subject.ep_size))
+    if not subject.contract.recipe.clamp_supported:
+        pytest.skip(f"{subject.name} has no clamp (recipe {subject.contract.recipe.name})")
+    layer = multi_tile_layer(subject.contract, subject.ep_size)
+    tokens = tuple(min(subject.contract.max_tokens_per_rank, 8) for _ in range(subject.ep_size))
     batch = BatchCase(tokens=tokens, seed=5, input_scale=CLAMP_INPUT_SCALE)
-    share = clamped_share(layer, batch, subject.ep_size, subject.caps.recipe.clamp_style)
+    share = clamped_share(layer, batch, subject.ep_size, subject.contract.recipe.clamp_style)
     assert share >= MIN_CLAMPED, f"the clamp test's inputs clamp only {share:.1%} of the gate/up values"
     check_oracle(subject, Scenario(layer, (batch,), subject.ep_size, ("clamp-active", f"{share:.0%} clamped")))
 
 
 def test_idle_step_then_busy_then_smaller(subject):
     """Zero tokens on every rank, a full batch, then a smaller one with masked rows (stale-row trap)."""
-    cap = subject.caps.max_tokens_per_rank
+    cap = subject.contract.max_tokens_per_rank
     idle = BatchCase(tokens=(0,) * subject.ep_size, seed=1)
     busy = BatchCase(tokens=(cap,) * subject.ep_size, seed=2)
     smaller = BatchCase(
         tokens=tuple(max(1, cap // (r + 2)) for r in range(subject.ep_size)),
         seed=3,
-        pattern=masked_pattern(subject.caps),
+        pattern=masked_pattern(subject.contract),
     )
     uneven = dataclasses.replace(busy, tokens=tuple(0 if r % 2 else cap for r in range(subject.ep_size)), seed=4)
-    layer = dataclasses.replace(tile_layer(subject.caps, subject.ep_size), weight_seed=1234)
+    layer = dataclasses.replace(single_tile_layer(subject.contract, subject.ep_size), weight_seed=1234)
     check_oracle(subject, Scenario(layer, (idle, busy, smaller, uneven), subject.ep_size, ("sequence",)))
 
 
@@ -157,21 +161,27 @@ def test_model_geometry(subject, model, data, request):
     """A real model's H, I, K, clamp and routing (experts scaled down), drawn batches through it. A CPU
     subject checks the first drawn batch only: the exactly rounded reference costs it about a second per
     expert at these sizes, and the later examples would check the same layer again."""
-    why = fits(model, subject.caps)
+    why = fits(model, subject.contract)
     if why:
-        pytest.skip(f"{subject.impl} cannot run {model.name}: {why}")
+        pytest.skip(f"{subject.name} cannot run {model.name}: {why}")
     _skip_unless_a_model_ep_size(subject)
-    beyond = subject.caps.beyond_accumulation_limit(model.hidden, model.intermediate)
+    beyond = subject.contract.beyond_accumulation_limit(model.hidden, model.intermediate)
     if beyond:
         pytest.skip(
-            f"{subject.impl} is not held to its recipe at {model.name} ({beyond}); "
+            f"{subject.name} is not held to its recipe at {model.name} ({beyond}); "
             f"test_accumulation_limit holds it to the finding"
         )
     # as few experts as the routing allows: the model's H and I already make each expert large
-    layer = model_layer(model, subject.caps, subject.ep_size, max_experts=8 if subject.caps.device == "cuda" else 1)
-    caps = subject.caps if subject.caps.device == "cuda" else dataclasses.replace(subject.caps, max_tokens_per_rank=8)
-    batch = data.draw(batch_cases(caps, layer, subject.ep_size, busy=True), label="batch")
-    if subject.caps.device == "cpu":  # draws above, every example alike: hypothesis replays them
+    layer = model_layer(
+        model, subject.contract, subject.ep_size, max_experts=8 if subject.contract.device == "cuda" else 1
+    )
+    contract = (
+        subject.contract
+        if subject.contract.device == "cuda"
+        else dataclasses.replace(subject.contract, max_tokens_per_rank=8)
+    )
+    batch = data.draw(batch_cases(contract, layer, subject.ep_size, busy=True), label="batch")
+    if subject.contract.device == "cpu":  # draws above, every example alike: hypothesis replays them
         if request.node.nodeid in _CHECKED_ON_CPU:
             return
         _CHECKED_ON_CPU.add(request.node.nodeid)
@@ -199,9 +209,9 @@ def test_accumulation_limit(subject):
     miss the recipe's tolerance, or the limit is retired on purpose. (Every one, since the finding depends on
     the data: under FlashInfer 0.7.4 DeepSeek-V3 came within the tolerance and Qwen3-30B-A3B did not.) A finding with
     measured cases (fixtures.core.findings.MEASURED_CASES: F19) is held to those instead."""
-    limit = subject.caps.accumulation_limit
+    limit = subject.contract.accumulation_limit
     if limit is None:
-        pytest.skip(f"{subject.impl} declares no accumulation limit: every model geometry is held to its recipe")
+        pytest.skip(f"{subject.name} declares no accumulation limit: every model geometry is held to its recipe")
     _skip_unless_a_model_ep_size(subject)
     _, key, finding = limit
     measured = [Scenario.from_json(case) for case in MEASURED_CASES.get(key, ())]
@@ -219,14 +229,14 @@ def test_accumulation_limit(subject):
             except ConformanceFailure as err:
                 seen.append((False, str(err).splitlines()[0]))
         declared = finding if finding.startswith("FINDING") else None
-        expect_finding(subject.impl, declared, key, all(ok for ok, _ in seen), " || ".join(t for _, t in seen))
+        expect_finding(subject.name, declared, key, all(ok for ok, _ in seen), " || ".join(t for _, t in seen))
         return
-    models = [m for m in MODELS if max(m.hidden, m.intermediate) > limit[0] and not fits(m, subject.caps)]
+    models = [m for m in MODELS if max(m.hidden, m.intermediate) > limit[0] and not fits(m, subject.contract)]
     if not models:
-        pytest.skip(f"no model geometry beyond reduction length {limit[0]} fits {subject.impl}")
+        pytest.skip(f"no model geometry beyond reduction length {limit[0]} fits {subject.name}")
     seen = []
     for model in models:
-        layer = model_layer(model, subject.caps, subject.ep_size, max_experts=8)
+        layer = model_layer(model, subject.contract, subject.ep_size, max_experts=8)
         groups = (
             (model.n_group, model.topk_group)
             if model.n_group and layer.num_experts % model.n_group == 0
@@ -247,7 +257,7 @@ def test_accumulation_limit(subject):
         except ConformanceFailure as err:
             seen.append((False, str(err).splitlines()[0]))
     expect_finding(
-        subject.impl,
+        subject.name,
         finding if finding.startswith("FINDING") else None,
         key,
         all(ok for ok, _ in seen),

@@ -199,32 +199,36 @@ def test_bare_kernel_config_is_refused_by_the_layer_factory():
 
 
 @pytest.mark.parametrize(
-    "d", [d for d in DESCRIPTORS if not d.variant or d.variant == "blockwise"], ids=lambda d: d.kernel_name
+    "descriptor",
+    [descriptor for descriptor in DESCRIPTORS if not descriptor.variant or descriptor.variant == "blockwise"],
+    ids=lambda descriptor: descriptor.kernel_name,
 )
-def test_layer_constructs_on_cpu_without_preprocessing(d):
+def test_layer_constructs_on_cpu_without_preprocessing(descriptor):
     """kernels §8: with preprocess_weights=False, 14 of 15 layers construct on CPU (rank-major needs W=8)."""
     import flashinfer.moe_ep as fi
 
-    if not d.cpu_constructible:
-        pytest.skip(f"{d.impl_name} needs a live GPU even to construct its layer (descriptor: {d.source})")
-    cfg = getattr(fi, d.config_class)
-    inter, hidden = max(128, d.intermediate_multiple), max(256, d.hidden_multiple)
+    if not descriptor.cpu_constructible:
+        pytest.skip(
+            f"{descriptor.impl_name} needs a live GPU even to construct its layer (descriptor: {descriptor.source})"
+        )
+    cfg = getattr(fi, descriptor.config_class)
+    inter, hidden = max(128, descriptor.intermediate_multiple), max(256, descriptor.hidden_multiple)
     kwargs = (
         {}
-        if d.exact_world_size
-        else {"intermediate_size": inter, "top_k": min(d.top_k_values, key=lambda k: abs(k - 2))}
+        if descriptor.exact_world_size
+        else {"intermediate_size": inter, "top_k": min(descriptor.top_k_values, key=lambda k: abs(k - 2))}
     )
     pack = fi.MoEWeightPack(
         torch.zeros(8, 2 * inter, hidden, dtype=torch.bfloat16), torch.zeros(8, hidden, inter, dtype=torch.bfloat16)
     )
     backend = fi.MegaConfig(megakernel=cfg(**kwargs), preprocess_weights=False)
     boot = fi.BootstrapConfig(1, 0, auto_bootstrap=False)
-    if d.exact_world_size:
-        with pytest.raises(fi.MoEEpConfigError, match=rf"world[_ ]size[= ]{d.exact_world_size}"):
+    if descriptor.exact_world_size:
+        with pytest.raises(fi.MoEEpConfigError, match=rf"world[_ ]size[= ]{descriptor.exact_world_size}"):
             fi.MoEEpLayer(boot, fi.FleetParams(8, 16, hidden), pack, backend=backend)
         return
-    if d.min_world_size > 1:  # one rank is refused, saying the range
-        with pytest.raises(Exception, match=rf"world size 1 outside {d.min_world_size}\.\."):
+    if descriptor.min_world_size > 1:  # one rank is refused, saying the range
+        with pytest.raises(Exception, match=rf"world size 1 outside {descriptor.min_world_size}\.\."):
             fi.MoEEpLayer(boot, fi.FleetParams(8, 16, hidden), pack, backend=backend)
         return
     layer = fi.MoEEpLayer(boot, fi.FleetParams(8, 16, hidden), pack, backend=backend)

@@ -183,13 +183,13 @@ def test_off_compiles_every_time_and_the_header_says_so(tmp_path, monkeypatch):
     assert cute_dsl_cache.describe().startswith(f"CuTe DSL compile cache: on, in memory and in {tmp_path}")
 
 
-def _forward(d, case, inputs):
+def _forward(descriptor, case, inputs):
     from fixtures.backends.flashinfer.adapter import FlashInferMegaLayer
     from fixtures.core.implementation import RankContext
     from fixtures.core.problem import make_weights
 
     w13, w2 = make_weights(case)
-    layer = FlashInferMegaLayer(d, {}, RankContext(0, 1, torch.device("cuda", 0)), case, w13, w2)
+    layer = FlashInferMegaLayer(descriptor, {}, RankContext(0, 1, torch.device("cuda", 0)), case, w13, w2)
     try:
         return layer.forward(*inputs).clone()
     finally:

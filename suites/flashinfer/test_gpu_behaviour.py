@@ -18,13 +18,13 @@ pytestmark = pytest.mark.sm90
 SM90 = [d for d in DESCRIPTORS if d.arch == "sm90"]
 
 
-def _build(d, layer_case, overrides=None):
-    why = missing_jit_modules(d)
+def _build(descriptor, layer_case, overrides=None):
+    why = missing_jit_modules(descriptor)
     if why:
         pytest.skip(why)
     w13, w2 = make_weights(layer_case)
     ctx = RankContext(0, 1, torch.device("cuda", 0))
-    return FlashInferMegaLayer(d, overrides or {}, ctx, layer_case, w13, w2)
+    return FlashInferMegaLayer(descriptor, overrides or {}, ctx, layer_case, w13, w2)
 
 
 _inputs = behaviour.inputs
@@ -121,25 +121,25 @@ def test_cuda_graph_replay_equals_eager_across_sizes(built):
         assert torch.equal(outs[t], eager), f"{d.impl_name}: graph replay at T={t} differs from eager"
 
 
-@pytest.mark.parametrize("d", SM90, ids=lambda d: d.impl_name)
-def test_output_invariant_knobs_are_bitwise_invariant(d):
-    knobs = [k for k in d.knobs if k.bitwise]
+@pytest.mark.parametrize("descriptor", SM90, ids=lambda descriptor: descriptor.impl_name)
+def test_output_invariant_knobs_are_bitwise_invariant(descriptor):
+    knobs = [k for k in descriptor.knobs if k.bitwise]
     if not knobs:
-        pytest.skip(f"{d.impl_name}: no knob documented as bit-exact")
-    case = _layer_case(d)
+        pytest.skip(f"{descriptor.impl_name}: no knob documented as bit-exact")
+    case = _layer_case(descriptor)
     x, ids, w = _inputs(case, 40, seed=6)
-    base = _build(d, case)
+    base = _build(descriptor, case)
     try:
         want = base.forward(x, ids, w).clone()
     finally:
         base.close()
     for knob in knobs:
         for value in knob.values[1:]:
-            variant = _build(d, case, {knob.name: value})
+            variant = _build(descriptor, case, {knob.name: value})
             try:
                 got = variant.forward(x, ids, w)
                 assert torch.equal(got, want), (
-                    f"{d.impl_name}: {knob.name}={value!r} changes the output "
+                    f"{descriptor.impl_name}: {knob.name}={value!r} changes the output "
                     f"(max |diff| {(got.float() - want.float()).abs().max().item():.3g}); "
                     f"{knob.source} says it must not"
                 )
@@ -147,17 +147,23 @@ def test_output_invariant_knobs_are_bitwise_invariant(d):
                 variant.close()
 
 
-@pytest.mark.parametrize("d", [d for d in SM90 if d.topk_ids_dtype == "int32"], ids=lambda d: d.impl_name)
-def test_push_kernels_reject_int64_ids(d):
+@pytest.mark.parametrize(
+    "descriptor",
+    [descriptor for descriptor in SM90 if descriptor.topk_ids_dtype == "int32"],
+    ids=lambda descriptor: descriptor.impl_name,
+)
+def test_push_kernels_reject_int64_ids(descriptor):
     import flashinfer.moe_ep as fi
 
-    case = _layer_case(d)
-    layer = _build(d, case)
+    case = _layer_case(descriptor)
+    layer = _build(descriptor, case)
     try:
         x, ids, w = _inputs(case, 8)
         layer.ids_dtype = torch.int64
         with pytest.raises((fi.MoEEpConfigError, TypeError, ValueError)) as info:
             layer.forward(x, ids, w)
-        assert "int32" in str(info.value), f"{d.impl_name}: error does not name the expected dtype: {info.value}"
+        assert "int32" in str(info.value), (
+            f"{descriptor.impl_name}: error does not name the expected dtype: {info.value}"
+        )
     finally:
         layer.close()

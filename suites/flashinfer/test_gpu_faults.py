@@ -11,8 +11,8 @@ import pytest
 
 from fixtures.core import results
 from fixtures.core.checks import ConformanceFailure, check_oracle, repro_line
-from fixtures.core.exact_check import check_exact, exact_pool, exact_scenario
-from fixtures.core.geometries import layer_pool, wide_layer
+from fixtures.core.exact_check import check_exact, exact_capable_layers, exact_scenario
+from fixtures.core.geometries import fixed_layers, multi_tile_layer
 from fixtures.core.problem import BatchCase, LayerCase, Scenario, make_batch, make_weights
 from fixtures.core.runner import Subject
 from fixtures.core.implementation import load
@@ -28,16 +28,16 @@ SM90 = implementations_of({"sm90"})  # registered names; no backend is named her
 def _faults(name: str) -> tuple[str, ...]:
     """The structural faults, and a uniform and a one-expert scale at the recipe's systematic resolution (issue 12:
     0.1% and 1% where the H200 showed them resolvable, larger where the recipe leaves more noise)."""
-    return STRUCTURAL_FAULTS + resolution_faults(load(name).capabilities.effective_tolerance.systematic)
+    return STRUCTURAL_FAULTS + resolution_faults(load(name).contract.effective_tolerance.systematic)
 
 
 def _layer(name: str) -> LayerCase:
     """The kernel's wide conformance layer at EP1, other weights: its kernel is compiled already."""
     impl = load(name)
-    why = ep_skip_reason(name, impl.capabilities, 1)
+    why = ep_skip_reason(name, impl.contract, 1)
     if why:
         pytest.skip(why)
-    return dataclasses.replace(wide_layer(impl.capabilities, 1), weight_seed=31)
+    return dataclasses.replace(multi_tile_layer(impl.contract, 1), weight_seed=31)
 
 
 @pytest.mark.parametrize("name, fault", [pytest.param(n, f, id=f"{n}-{f}") for n in SM90 for f in _faults(n)])
@@ -52,7 +52,7 @@ def test_fault_around_a_real_layer_is_caught(name, fault):
         caught = err
     else:  # say what the checks saw, so a resolution is re-declared from evidence, not guessed
         seen = [m["systematic"] for m in run.metrics if "systematic" in m]
-        bounds = subject.caps.effective_tolerance.systematic  # what check_oracle held it to
+        bounds = subject.contract.effective_tolerance.systematic  # what check_oracle held it to
         pytest.fail(
             f"GPU fault {fault} around {name} passed every check: systematic statistics "
             f"[value, robust standard error, tokens] {seen}; floors gain {bounds.gain_floor}, expert "
@@ -76,8 +76,8 @@ def _exact_layer(name: str) -> LayerCase:
     """The kernel's pooled layer at EP1 whose clamp an exact case keeps (the wide one where it has none, else the tile
     one), other weights: its kernel is compiled already, where a clamp of the case's own would compile another."""
     _layer(name)  # skips where the kernel does not run at EP1
-    caps = load(name).capabilities
-    return dataclasses.replace(exact_pool(caps, layer_pool(caps, 1))[-1], weight_seed=31)
+    contract = load(name).contract
+    return dataclasses.replace(exact_capable_layers(contract, fixed_layers(contract, 1))[-1], weight_seed=31)
 
 
 def _changed_by(fault: str, case: Scenario, recipe, prepared) -> int:
@@ -124,7 +124,7 @@ EXACT_FAULTS = ("scale_1e-3", "one_expert_scale_1e-2")  # issue 28: 0.1% and 1% 
 @pytest.mark.parametrize("name, fault", [pytest.param(n, f, id=f"{n}-{f}") for n in SM90 for f in EXACT_FAULTS])
 def test_exact_check_catches_a_fault_around_a_real_layer(name, fault):
     """A uniform 0.1% and a one-expert 1% scale, below most SM90 recipes' statistical resolution, fail the exact
-    check on an exact case of one of the kernel's pooled layers (no new kernel build) that the fault changes."""
+    check on an exact case of one of the kernel's fixed layers (no new kernel build) that the fault changes."""
     spec = f"faulty:{fault}@{name}"
     subject = Subject(spec, load(spec), 1)
     case, changed = _visible_case(name, fault)
@@ -154,7 +154,7 @@ def test_the_unwrapped_layer_passes_the_exact_case(name):
 
 
 # The bug ledger (fixtures/backends/bug_ledger.py) around every SM90 implementation: each applicable row's fault wraps the real
-# layer and must fail the row's check within the profile's drawn cases of the kernel's pooled layers (no new kernel
+# layer and must fail the row's check within the profile's drawn cases of the kernel's fixed layers (no new kernel
 # shape). Written without a GPU: these skip here and have not run, so every row's GPU status is "waits for a GPU".
 # Faults that re-implement reference-ep's forward (a recipe variant, the EP offset) cannot wrap a real kernel.
 REFERENCE_ONLY = {
@@ -174,7 +174,7 @@ def _ledger_rows():
 def _ledger_ep(name: str) -> int:
     """EP2 where the kernel runs there (rank > 0 and cross-rank routes are part of most rows), else EP1."""
     impl = load(name)
-    return 2 if ep_skip_reason(name, impl.capabilities, 2) is None else 1
+    return 2 if ep_skip_reason(name, impl.contract, 2) is None else 1
 
 
 @pytest.mark.parametrize("name, row", [pytest.param(n, r, id=f"{n}-{r.id}") for n in SM90 for r in _ledger_rows()])
@@ -192,10 +192,10 @@ def test_ledger_fault_around_a_real_layer_is_caught(name, row):
     ep = _ledger_ep(name)
     spec = f"faulty:{row.fault}@{name}"
     subject = Subject(spec, load(spec), ep)
-    why = CHECKS[row.check].applies(subject.caps, ep) if row.check in CHECKS else "not a layer check"
+    why = CHECKS[row.check].applies(subject.contract, ep) if row.check in CHECKS else "not a layer check"
     if why:
         pytest.skip(f"{row.id}: check {row.check} {why}")
-    layers = layer_pool(subject.caps, ep)
+    layers = fixed_layers(subject.contract, ep)
     caught = []
 
     @settings(
@@ -207,7 +207,7 @@ def test_ledger_fault_around_a_real_layer_is_caught(name, row):
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def search(data, seed):
         scenario = data.draw(
-            scenarios(subject.caps, ep, layers=layers, max_batches=1 if CHECKS[row.check].single_batch else 3)
+            scenarios(subject.contract, ep, layers=layers, max_batches=1 if CHECKS[row.check].single_batch else 3)
         )
         run_checks(subject, scenario, seed, [row.check])
 
@@ -246,7 +246,7 @@ def test_graph_replay_with_changed_inputs(name):
         pytest.skip("waits for a GPU: CUDA graph capture and replay")
     layer_case = _layer(name)
     impl = load(name)
-    if not impl.capabilities.supports_masked_ids:
+    if not impl.contract.supports_masked_ids:
         pytest.skip(f"{name} is not held to -1 ids, which a fixed-shape replay uses for the rows past its count")
     ctx = RankContext(0, 1, torch.device("cuda"))
     w13, w2 = make_weights(layer_case)
@@ -276,7 +276,7 @@ def test_graph_replay_with_changed_inputs(name):
             finally:
                 fresh.close()
             scenario = Scenario(layer_case, (case,), 1, ("graph-replay",))
-            mag = expected(scenario, subject.recipe_for(scenario), torch.device("cpu"))[0].term_mag
+            mag = expected(scenario, subject.recipe_for(scenario), torch.device("cpu"))[0].term_magnitude
             verdict = compare(out.float().cpu()[:n], eager[:n], mag[:n], metamorphic_tolerance(subject))
             assert verdict.ok, (
                 f"replay {i + 1} ({n} live tokens of {cap}) differs from a fresh eager layer: "

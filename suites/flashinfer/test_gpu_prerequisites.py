@@ -22,8 +22,8 @@ class _Loaded(Exception):
 
 
 @pytest.mark.skipif(not NEEDING, reason="no SM90 kernel of the installed FlashInfer declares a JIT prerequisite")
-@pytest.mark.parametrize("d", NEEDING, ids=lambda d: d.impl_name)
-def test_fp4_weight_interleave_loads_the_fused_moe_module(d, monkeypatch):
+@pytest.mark.parametrize("descriptor", NEEDING, ids=lambda descriptor: descriptor.impl_name)
+def test_fp4_weight_interleave_loads_the_fused_moe_module(descriptor, monkeypatch):
     import flashinfer.fused_moe.core as core
 
     interleave_moe_weights_for_sm90_mixed_gemm = interleave.flashinfer_function()  # not the stand-in
@@ -37,7 +37,7 @@ def test_fp4_weight_interleave_loads_the_fused_moe_module(d, monkeypatch):
         ok, observed = True, "interleaved without loading the CUTLASS fused-MoE module"
     except _Loaded as err:
         ok, observed = False, f"the interleave asked for {err}: the whole fused_moe_90 module"
-    expect_finding(d.impl_name, d.finding("F13"), "F13", ok, observed)
+    expect_finding(descriptor.impl_name, descriptor.finding("F13"), "F13", ok, observed)
 
 
 @pytest.mark.skipif(not NEEDING, reason="no SM90 kernel of the installed FlashInfer declares a JIT prerequisite")

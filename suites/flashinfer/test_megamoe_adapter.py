@@ -74,10 +74,10 @@ def test_the_staged_activations_are_the_recipes_codes_padded_with_masked_rows():
 def test_the_strategies_draw_only_layers_the_package_accepts(path, data):
     """Every drawn layer passes the package's own geometry checks (MegaMoESymmBuffer's, run here with a fake group
     before it asks for a GPU) and the fused rules it does not check (2I <= H)."""
-    caps = adapter.capabilities(path)
-    ep = data.draw(st.sampled_from(caps.ep_sizes))
-    layer = data.draw(layer_cases(caps, ep))
-    assert caps.layer_unfit(layer) is None
+    contract = adapter.contract_of(path)
+    ep = data.draw(st.sampled_from(contract.ep_sizes))
+    layer = data.draw(layer_cases(contract, ep))
+    assert contract.layer_unfit(layer) is None
     assert layer.hidden % 256 == 0 and layer.intermediate % 128 == 0 and layer.top_k <= min(32, layer.num_experts)
     if path.half_intermediate:
         assert 2 * layer.intermediate <= layer.hidden

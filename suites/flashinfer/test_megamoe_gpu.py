@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.sm90, pytest.mark.rank_pool]
 
 def _subject(name: str, ep: int) -> Subject:
     impl = load(name)
-    why = arch.skip_reason("sm90") or ep_skip_reason(name, impl.capabilities, ep)
+    why = arch.skip_reason("sm90") or ep_skip_reason(name, impl.contract, ep)
     if why:
         pytest.skip(why)
     return Subject(name, impl, ep)
@@ -88,8 +88,8 @@ def test_every_plan_is_reached_and_matches_its_recipe(path, ep):
             for i, (_, m) in enumerate(ordered)
         )
         held = Subject(
-            subject.impl,
-            dataclasses.replace(subject.implementation, capabilities=dataclasses.replace(subject.caps, recipe=recipe)),
+            subject.name,
+            dataclasses.replace(subject.implementation, contract=dataclasses.replace(subject.contract, recipe=recipe)),
             ep,
         )
         scenario = Scenario(layer, batches, ep, ("megamoe-plans", recipe.name))

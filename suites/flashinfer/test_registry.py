@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from fixtures.backends.flashinfer.adapter import capabilities
+from fixtures.backends.flashinfer.adapter import contract_of
 from fixtures.backends.flashinfer.descriptors import (
     COLLECTIVE,
     DEPRECATED_ALIASES,
@@ -43,22 +43,28 @@ def test_deprecated_aliases_match():
     assert dict(_registry()._MEGA_KERNEL_DEPRECATED_ALIASES) == DEPRECATED_ALIASES
 
 
-@pytest.mark.parametrize("d", DESCRIPTORS, ids=lambda d: d.impl_name)
-def test_descriptor_names_a_real_config_class_for_its_kernel(d):
+@pytest.mark.parametrize("descriptor", DESCRIPTORS, ids=lambda descriptor: descriptor.impl_name)
+def test_descriptor_names_a_real_config_class_for_its_kernel(descriptor):
     import dataclasses
 
     import flashinfer.moe_ep as fi
 
-    cls = getattr(fi, d.config_class)
-    default = dict(d.config).get("kernel_name", {f.name: f.default for f in dataclasses.fields(cls)}.get("kernel_name"))
-    assert default == d.kernel_name, f"{d.config_class}.kernel_name = {default!r}, descriptor says {d.kernel_name!r}"
+    cls = getattr(fi, descriptor.config_class)
+    default = dict(descriptor.config).get(
+        "kernel_name", {f.name: f.default for f in dataclasses.fields(cls)}.get("kernel_name")
+    )
+    assert default == descriptor.kernel_name, (
+        f"{descriptor.config_class}.kernel_name = {default!r}, descriptor says {descriptor.kernel_name!r}"
+    )
     fields = {f.name for f in dataclasses.fields(cls)}
-    for key, _ in d.config:
-        assert key in fields, f"{d.impl_name}: config field {key!r} not in {d.config_class}"
-    if d.clamp_field:
-        assert d.clamp_field in fields, f"{d.impl_name}: clamp field {d.clamp_field!r} not in {d.config_class}"
-    for knob in d.knobs:
-        assert knob.name in fields, f"{d.impl_name}: knob {knob.name!r} not in {d.config_class}"
+    for key, _ in descriptor.config:
+        assert key in fields, f"{descriptor.impl_name}: config field {key!r} not in {descriptor.config_class}"
+    if descriptor.clamp_field:
+        assert descriptor.clamp_field in fields, (
+            f"{descriptor.impl_name}: clamp field {descriptor.clamp_field!r} not in {descriptor.config_class}"
+        )
+    for knob in descriptor.knobs:
+        assert knob.name in fields, f"{descriptor.impl_name}: knob {knob.name!r} not in {descriptor.config_class}"
 
 
 def test_knob_classes_agree_with_their_promises():
@@ -83,11 +89,11 @@ def test_an_accumulation_limit_names_a_declared_finding_and_bounds_the_drawn_lay
     for d in limited:
         k, key = d.accumulation_limit
         assert key in d.findings, f"{d.impl_name}: accumulation limit names {key}, not among {d.findings}"
-        caps = capabilities(d)
+        contract = contract_of(d)
         if not findings.applies(key):
-            assert caps.accumulation_limit is None and caps.beyond_accumulation_limit(2 * k, 64) is None
+            assert contract.accumulation_limit is None and contract.beyond_accumulation_limit(2 * k, 64) is None
             continue
-        assert caps.max_hidden <= k and caps.max_intermediate <= k, f"{d.impl_name} draws layers beyond K={k}"
-        assert caps.beyond_accumulation_limit(k, k) is None
-        why = caps.beyond_accumulation_limit(2 * k, 64)
+        assert contract.max_hidden <= k and contract.max_intermediate <= k, f"{d.impl_name} draws layers beyond K={k}"
+        assert contract.beyond_accumulation_limit(k, k) is None
+        why = contract.beyond_accumulation_limit(2 * k, 64)
         assert why and f"FINDING {key}" in why, why

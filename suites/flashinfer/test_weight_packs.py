@@ -19,13 +19,13 @@ def _weights():
     return make_weights(LayerCase(num_experts=2, hidden=256, intermediate=128, top_k=2, capacity=8, weight_seed=7))
 
 
-def _decode(d, pack):
+def _decode(descriptor, pack):
     """What the kernel computes with, from the pack alone (kernels §D2.2 item 5, §D2.3 item 3)."""
     legs = []
     for leg in ("w13", "w2"):
         payload, scales = getattr(pack, leg), getattr(pack, leg + "_scale")
-        if d.weight_pack == "mxfp4":
-            payload, scales = mx.humming_rewrite(payload, scales, max_range=d.recipe.weight.humming_max_range)
+        if descriptor.weight_pack == "mxfp4":
+            payload, scales = mx.humming_rewrite(payload, scales, max_range=descriptor.recipe.weight.humming_max_range)
             legs.append(mx.mx_dequantize(payload, scales, fmt="mxfp4"))
         else:
             qs = quant.e2m1_decode(quant.unpack_fp4(payload)) * scales.view(
@@ -37,16 +37,16 @@ def _decode(d, pack):
 
 
 @pytest.mark.skipif(not PACKED, reason="the installed FlashInfer registers no kernel that takes a prequantized pack")
-@pytest.mark.parametrize("d", PACKED, ids=lambda d: d.impl_name)
-def test_pack_decodes_to_the_recipe_weights(d):
+@pytest.mark.parametrize("descriptor", PACKED, ids=lambda descriptor: descriptor.impl_name)
+def test_pack_decodes_to_the_recipe_weights(descriptor):
     import flashinfer.moe_ep as fi
 
     w13, w2 = _weights()
-    pack = weight_pack(fi, d.weight_pack, w13, w2)
+    pack = weight_pack(fi, descriptor.weight_pack, w13, w2)
     assert isinstance(pack, fi.PrequantizedMoEWeights)
     assert pack.w13.dtype == torch.uint8 and pack.w13.shape == (2, 256, 128)  # two E2M1 codes a byte
-    for got, w in zip(_decode(d, pack), (w13, w2)):
-        assert torch.equal(got, d.recipe.weight.round_trip(w.float()))
+    for got, w in zip(_decode(descriptor, pack), (w13, w2)):
+        assert torch.equal(got, descriptor.recipe.weight.round_trip(w.float()))
 
 
 def test_unknown_pack_is_refused():

@@ -30,12 +30,8 @@ def test_one_token_is_held_to_the_per_token_bound():
 
 @pytest.mark.parametrize(
     "rows, rel, ok",
-    [
-        (1, 0.037, True),  # the H200's one-token blockwise case
-        (64, 0.037, False),  # the same error over a full batch is a real excess
-        (64, 0.015, True),
-        (1, 0.09, False),  # one token past its own per-token bound
-    ],
+    # the H200's one-token blockwise case; the same error over a full batch; within it; one token past its own bound
+    [(1, 0.037, True), (64, 0.037, False), (64, 0.015, True), (1, 0.09, False)],
 )
 def test_the_bound_follows_the_token_count(rows, rel, ok):
     out, ref, mag = _noisy(rows, rel)

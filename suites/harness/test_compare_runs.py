@@ -180,7 +180,7 @@ def test_the_api_diff_is_reported_when_both_folders_hold_a_snapshot(tmp_path):
 
     for name, version in (("a", "0.7.2.post1"), ("b", "0.7.4")):
         (tmp_path / name).mkdir()
-        shutil.copy(ROOT / "fixtures" / "flashinfer" / f"api-{version}.json", tmp_path / name / "api.json")
+        shutil.copy(ROOT / "fixtures" / "backends" / "flashinfer" / f"api-{version}.json", tmp_path / name / "api.json")
     lines = compare_runs.api_report(tmp_path / "a", tmp_path / "b")
     assert lines[0] == f"FlashInfer API: {len(lines) - 1} differences" and len(lines) > 10, lines[:3]
     assert any("sm90_bf16_bf16_bf16_pull_cutedsl" in line for line in lines), "the new BF16 pull kernel is named"

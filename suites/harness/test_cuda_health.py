@@ -8,7 +8,7 @@ import torch
 
 from fixtures.pools import cuda_health
 from fixtures.core.oracle import oracle_device
-from fixtures.core.implementation import Capabilities, Implementation
+from fixtures.core.implementation import Contract, Implementation
 from fixtures.core.runner import Subject
 from reference.recipes import BF16_WEIGHTS
 
@@ -25,7 +25,7 @@ def test_a_fault_is_remembered_with_where_it_happened_and_moves_the_oracle_to_th
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     gpu = Subject(
-        "gpu-kernel", Implementation("gpu-kernel", Capabilities(recipe=BF16_WEIGHTS, device="cuda"), build=None), 1
+        "gpu-kernel", Implementation("gpu-kernel", Contract(recipe=BF16_WEIGHTS, device="cuda"), build=None), 1
     )
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     cuda_health.check("suites/x.py::test_fine")

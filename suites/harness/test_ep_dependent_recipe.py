@@ -32,7 +32,7 @@ def _scenario(ep: int) -> Scenario:
 @pytest.mark.parametrize("ep", [2, 4])
 def test_reference_ep_matches_the_grouped_oracle_bitwise(ep):
     subject = Subject(SPEC, load(SPEC), ep)
-    assert subject.caps.effective_tolerance.bitwise
+    assert subject.contract.effective_tolerance.bitwise
     check_oracle(subject, _scenario(ep))
 
 

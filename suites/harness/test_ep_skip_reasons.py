@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 
 def _sm90():
     impls = [load(n) for n in registered_names() if not n.startswith("faulty:")]
-    return [i for i in impls if i.capabilities.arch == "sm90"]
+    return [i for i in impls if i.contract.arch == "sm90"]
 
 
 @pytest.fixture
@@ -29,26 +29,26 @@ def gpus(monkeypatch):
 
 
 def _expected_skip(impl, ep: int, gpus: int) -> str | None:
-    """What a backend's skip at EP ``ep`` says on ``gpus`` Hopper GPUs, from its capabilities alone."""
-    caps = impl.capabilities
-    if ep not in caps.ep_sizes:
-        return f"{impl.name} does not support EP{ep} (supports {caps.ep_sizes})"
-    if caps.ranks_share_device or ep == 1 or gpus >= ep:
+    """What a backend's skip at EP ``ep`` says on ``gpus`` Hopper GPUs, from its contract alone."""
+    contract = impl.contract
+    if ep not in contract.ep_sizes:
+        return f"{impl.name} does not support EP{ep} (supports {contract.ep_sizes})"
+    if contract.ranks_share_device or ep == 1 or gpus >= ep:
         return None
-    if caps.peer_link:
-        return f"{impl.name} needs {ep} {caps.peer_link}-connected SM90 GPUs, one per rank; this machine has {gpus}"
+    if contract.peer_link:
+        return f"{impl.name} needs {ep} {contract.peer_link}-connected SM90 GPUs, one per rank; this machine has {gpus}"
     return f"{impl.name} needs one GPU per rank: EP{ep} needs {ep} SM90 GPUs, this machine has {gpus}"
 
 
 def test_one_h200_runs_shared_ranks_and_skips_one_gpu_per_rank_backends(gpus):
     gpus(1)
     impls = _sm90()
-    shared = [i for i in impls if i.capabilities.ranks_share_device]
-    per_rank = [i for i in impls if not i.capabilities.ranks_share_device]
+    shared = [i for i in impls if i.contract.ranks_share_device]
+    per_rank = [i for i in impls if not i.contract.ranks_share_device]
     assert shared and per_rank, "the SM90 descriptors no longer hold both kinds of EP placement"
     for impl in impls:
         for ep in (1, 2, 4, 8):
-            assert ep_skip_reason(impl.name, impl.capabilities, ep) == _expected_skip(impl, ep, 1), (impl.name, ep)
+            assert ep_skip_reason(impl.name, impl.contract, ep) == _expected_skip(impl, ep, 1), (impl.name, ep)
 
 
 def test_flashinfer_megamoe_runs_mxfp4_at_ep1_on_one_h200_and_names_the_gpus_its_other_paths_need(gpus):
@@ -58,52 +58,52 @@ def test_flashinfer_megamoe_runs_mxfp4_at_ep1_on_one_h200_and_names_the_gpus_its
     if not megamoe:
         pytest.skip("the installed FlashInfer ships no flashinfer.megamoe")
     mx = megamoe["megamoe_sm90_mxfp4_fused"]
-    assert ep_skip_reason(mx.name, mx.capabilities, 1) is None
+    assert ep_skip_reason(mx.name, mx.contract, 1) is None
     for name in ("megamoe_sm90_nvfp4_fused", "megamoe_sm90_nvfp4_split"):
-        assert ep_skip_reason(name, megamoe[name].capabilities, 4) == (
+        assert ep_skip_reason(name, megamoe[name].contract, 4) == (
             f"{name} needs 4 NVLink-connected SM90 GPUs, one per rank; this machine has 1"
         )
-        assert ep_skip_reason(name, megamoe[name].capabilities, 8).startswith(f"{name} needs 8 NVLink-connected")
+        assert ep_skip_reason(name, megamoe[name].contract, 8).startswith(f"{name} needs 8 NVLink-connected")
     gpus(8)  # on an HGX host every path runs at each EP size it supports, unchanged
     for impl in megamoe.values():
-        for ep in impl.capabilities.ep_sizes:
-            assert ep_skip_reason(impl.name, impl.capabilities, ep) is None, (impl.name, ep)
+        for ep in impl.contract.ep_sizes:
+            assert ep_skip_reason(impl.name, impl.contract, ep) is None, (impl.name, ep)
 
 
 def test_eight_h200s_run_every_ep_size(gpus):
     gpus(8)
     for impl in _sm90():
         for ep in (1, 2, 4, 8):
-            assert ep_skip_reason(impl.name, impl.capabilities, ep) == _expected_skip(impl, ep, 8), (impl.name, ep)
+            assert ep_skip_reason(impl.name, impl.contract, ep) == _expected_skip(impl, ep, 8), (impl.name, ep)
 
 
 def test_an_unsupported_ep_size_says_which_are_supported(gpus):
     gpus(8)
     impl = _sm90()[0]
-    assert ep_skip_reason(impl.name, impl.capabilities, 3) == (
-        f"{impl.name} does not support EP3 (supports {impl.capabilities.ep_sizes})"
+    assert ep_skip_reason(impl.name, impl.contract, 3) == (
+        f"{impl.name} does not support EP3 (supports {impl.contract.ep_sizes})"
     )
 
 
 def test_a_missing_jit_prerequisite_skips_naming_it_and_its_remedy(gpus, monkeypatch):
     monkeypatch.setenv("MOE_F13_TORCH_INTERLEAVE", "0")  # the stand-in turned off
     gpus(1, built=False)
-    needing = [i for i in _sm90() if i.capabilities.prerequisite and i.capabilities.prerequisite()]
+    needing = [i for i in _sm90() if i.contract.prerequisite and i.contract.prerequisite()]
     if not needing:
         pytest.skip("the installed FlashInfer registers no SM90 kernel with a JIT prerequisite")
     for impl in needing:
-        why = ep_skip_reason(impl.name, impl.capabilities, 1)
+        why = ep_skip_reason(impl.name, impl.contract, 1)
         assert "fused_moe_90" in why and "python -m tools.prebuild_jit" in why and "F13" in why, why
         assert "MOE_F13_TORCH_INTERLEAVE" in why and "torch port" in why, why
     gpus(0, built=False)  # no Hopper GPU: the arch skip says so, the prerequisite is not even asked
-    assert all(ep_skip_reason(i.name, i.capabilities, 1) is None for i in needing)
+    assert all(ep_skip_reason(i.name, i.contract, 1) is None for i in needing)
 
 
 def test_the_interleave_stand_in_lifts_the_prerequisite_by_default(gpus, monkeypatch):
     monkeypatch.setenv("MOE_F13_TORCH_INTERLEAVE", "0")  # which kernels need the module without the stand-in
     gpus(1, built=False)
-    needing = [i for i in _sm90() if i.capabilities.prerequisite and i.capabilities.prerequisite()]
+    needing = [i for i in _sm90() if i.contract.prerequisite and i.contract.prerequisite()]
     if not needing:
         pytest.skip("the installed FlashInfer registers no SM90 kernel with a JIT prerequisite")
     monkeypatch.delenv("MOE_F13_TORCH_INTERLEAVE", raising=False)
-    assert all(i.capabilities.prerequisite() is None for i in needing)
+    assert all(i.contract.prerequisite() is None for i in needing)

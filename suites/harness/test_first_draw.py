@@ -14,11 +14,11 @@ pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 
 @pytest.mark.parametrize("ep", [1, 2, 4])
 def test_the_first_drawn_scenario_is_busy(ep):
-    caps = load("reference-ep").capabilities
+    contract = load("reference-ep").contract
     first = []
 
     @settings(max_examples=1, phases=[Phase.generate], database=None, derandomize=True)
-    @given(scenarios(caps, ep))
+    @given(scenarios(contract, ep))
     def draw(scenario):
         first.append(scenario)
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from fixtures.core.checks import CHECKS  # before fixtures.core.exact_check, which registers itself in it
-from fixtures.core.exact_check import exact_pool, exact_scenario, keeps_clamp
+from fixtures.core.exact_check import exact_capable_layers, exact_scenario, keeps_clamp
 from fixtures.backends.flashinfer.descriptors import DESCRIPTORS
-from fixtures.core.geometries import layer_pool, tile_layer, wide_layer
+from fixtures.core.geometries import fixed_layers, single_tile_layer, multi_tile_layer
 from fixtures.core.implementation import load
 from fixtures.core.problem import BatchCase, LayerCase, Scenario, make_weights
 from fixtures.core.runner import Subject
@@ -31,23 +31,23 @@ def _shape(layer: LayerCase) -> tuple:
 @pytest.mark.parametrize("spec", GPU_SPECS)
 @pytest.mark.parametrize("ep", [1, 2, 4, 8])
 def test_gpu_pool_is_two_shapes_inside_the_constraints(spec, ep):
-    caps = load(spec).capabilities
-    pool = layer_pool(caps, ep)
+    contract = load(spec).contract
+    pool = fixed_layers(contract, ep)
     assert len({_shape(layer) for layer in pool}) == 2
     for layer in pool:
-        assert layer.hidden % caps.hidden_multiple == 0 and layer.intermediate % caps.intermediate_multiple == 0
-        assert layer.hidden <= caps.max_hidden and layer.intermediate <= caps.max_intermediate
-        assert layer.top_k in caps.top_k_values and layer.num_experts % ep == 0 and layer.num_experts >= layer.top_k
-        assert caps.beyond_accumulation_limit(layer.hidden, layer.intermediate) is None
-    assert (wide_layer(caps, ep).hidden // caps.hidden_multiple) % 2 == 1 or wide_layer(
-        caps, ep
-    ).hidden == caps.hidden_multiple
+        assert layer.hidden % contract.hidden_multiple == 0 and layer.intermediate % contract.intermediate_multiple == 0
+        assert layer.hidden <= contract.max_hidden and layer.intermediate <= contract.max_intermediate
+        assert layer.top_k in contract.top_k_values and layer.num_experts % ep == 0 and layer.num_experts >= layer.top_k
+        assert contract.beyond_accumulation_limit(layer.hidden, layer.intermediate) is None
+    assert (multi_tile_layer(contract, ep).hidden // contract.hidden_multiple) % 2 == 1 or multi_tile_layer(
+        contract, ep
+    ).hidden == contract.hidden_multiple
 
 
 @pytest.mark.parametrize("spec", GPU_SPECS)
 def test_the_wide_layer_is_one_global_layer_at_every_ep_size(spec):
-    caps = load(spec).capabilities
-    assert len({_shape(wide_layer(caps, ep))[:4] for ep in (1, 2, 4, 8)}) == 1
+    contract = load(spec).contract
+    assert len({_shape(multi_tile_layer(contract, ep))[:4] for ep in (1, 2, 4, 8)}) == 1
 
 
 def test_fixed_tests_reuse_the_pool_shapes():
@@ -80,8 +80,8 @@ def test_threaded_weights_are_the_same_bits_as_one_expert_at_a_time():
 
 
 def test_tile_and_wide_differ_in_shape_for_cpu_subjects():
-    caps = load("reference-ep").capabilities
-    assert _shape(tile_layer(caps, 2)) != _shape(wide_layer(caps, 2))
+    contract = load("reference-ep").contract
+    assert _shape(single_tile_layer(contract, 2)) != _shape(multi_tile_layer(contract, 2))
 
 
 @pytest.mark.parametrize("spec", implementations_of({"sm90"}))
@@ -93,17 +93,17 @@ def test_exact_cases_run_on_a_pool_shape(spec, ep):
     a pool layer's shape (its modules are prebuilt with it: fixtures/backends/flashinfer/megamoe_modules.py)."""
     assert not CHECKS["exact"].own_test, "test_exact (suites/conformance/test_generic.py) runs the exact check"
     impl = load(spec)
-    caps = impl.capabilities
-    if ep not in caps.ep_sizes:
+    contract = impl.contract
+    if ep not in contract.ep_sizes:
         pytest.skip(f"{spec} does not run at EP{ep}")
-    pool = layer_pool(caps, ep)
-    kept = exact_pool(caps, pool)
+    pool = fixed_layers(contract, ep)
+    kept = exact_capable_layers(contract, pool)
     subject = Subject(spec, impl, ep)
     for layer in kept:
         case = exact_scenario(subject, Scenario(layer, (BatchCase(tokens=(1,) * ep, seed=0),), ep), 5).layer
-        if all(keeps_clamp(caps, lay) for lay in kept):
+        if all(keeps_clamp(contract, lay) for lay in kept):
             assert case.clamp_limit == layer.clamp_limit
             assert _shape(case) in {_shape(p) for p in pool}, f"{_shape(case)} is no pool shape of {spec} at EP{ep}"
         else:
-            assert caps.clamp_when_none is not None and case.clamp_limit == exact_cases.CLAMP
+            assert contract.clamp_when_none is not None and case.clamp_limit == exact_cases.CLAMP
             assert _shape(case)[:5] in {_shape(p)[:5] for p in pool}

@@ -31,12 +31,12 @@ def gpus(monkeypatch):
 def test_a_gpu_per_rank_when_there_are_enough(gpus, count):
     gpus(count)
     for spec in (SHARING, PER_RANK_ONLY):
-        caps = load(spec).capabilities
+        contract = load(spec).contract
         for ep in (2, 4, 8):
-            where = placement.placement(caps, ep)
+            where = placement.placement(contract, ep)
             if ep <= count:
                 assert where == placement.PER_RANK, (spec, ep, count)
-            elif caps.ranks_share_device:
+            elif contract.ranks_share_device:
                 assert where == placement.SHARED, (spec, ep, count)
             else:
                 assert where is None, (spec, ep, count)
@@ -44,18 +44,18 @@ def test_a_gpu_per_rank_when_there_are_enough(gpus, count):
 
 def test_ep1_keeps_the_placement_it_was_validated_with(gpus):
     gpus(8)
-    assert placement.placement(load(SHARING).capabilities, 1) == placement.SHARED
-    assert placement.placement(load(PER_RANK_ONLY).capabilities, 1) == placement.PER_RANK
+    assert placement.placement(load(SHARING).contract, 1) == placement.SHARED
+    assert placement.placement(load(PER_RANK_ONLY).contract, 1) == placement.PER_RANK
 
 
 def test_the_pool_environment_carries_the_choice(gpus):
     gpus(2)
-    caps = load(SHARING).capabilities
+    contract = load(SHARING).contract
     per_rank = dict(Subject(SHARING, load(SHARING), 2).pool_key.env)
     shared = dict(Subject(SHARING, load(SHARING), 4).pool_key.env)
     assert per_rank[placement.ENV] == placement.PER_RANK and "MEGA_SINGLE_GPU_GLOO" not in per_rank
     assert shared[placement.ENV] == placement.SHARED and shared["MEGA_SINGLE_GPU_GLOO"] == "1"
-    assert caps.share_env == (("MEGA_SINGLE_GPU_GLOO", "1"),)
+    assert contract.share_env == (("MEGA_SINGLE_GPU_GLOO", "1"),)
 
 
 def test_a_rank_takes_its_gpu_from_the_environment(monkeypatch):
@@ -68,4 +68,4 @@ def test_a_rank_takes_its_gpu_from_the_environment(monkeypatch):
 
 
 def test_cpu_subjects_are_placed_on_the_cpu():
-    assert placement.placement(load("reference-ep").capabilities, 4) == placement.CPU
+    assert placement.placement(load("reference-ep").contract, 4) == placement.CPU

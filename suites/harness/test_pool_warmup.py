@@ -11,7 +11,7 @@ import pytest
 from fixtures.core import results
 from fixtures.core.checks import check_oracle
 from fixtures.scheduling import warmup
-from fixtures.core.geometries import layer_pool
+from fixtures.core.geometries import fixed_layers
 from fixtures.core.implementation import load
 from fixtures.core.problem import BatchCase, LayerCase, Scenario
 from fixtures.core.results import records
@@ -20,7 +20,7 @@ from fixtures.scheduling.scheduler import current
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu, pytest.mark.ep]
 
-GPU_SPEC = "sm90_bf16_bf16_bf16_pull_cutedsl"  # any GPU descriptor: warm_cases only reads its capabilities
+GPU_SPEC = "sm90_bf16_bf16_bf16_pull_cutedsl"  # any GPU descriptor: warm_cases only reads its contract
 HUNG_BOUND_S = 3  # MOE_JIT_TIMEOUT in the hung warm-up test: the healthy warm-up here takes well under a second
 
 
@@ -42,15 +42,15 @@ def test_a_rank_that_closes_a_model_layer_gives_its_cached_gpu_memory_back(monke
 
     emptied = []
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(True))
-    caps = load(GPU_SPEC).capabilities
-    large = model_layer(MODELS[0], caps, 1, max_experts=8)
+    contract = load(GPU_SPEC).contract
+    large = model_layer(MODELS[0], contract, 1, max_experts=8)
     runner = RankRunner(0, 1, lambda phase: None)
 
     class Closed:
         def close(self):
             pass
 
-    for layer in (layer_pool(caps, 1)[0], large):
+    for layer in (fixed_layers(contract, 1)[0], large):
         runner.layers[(GPU_SPEC, layer.key())] = (Closed(), [0], [])
     runner._evict(large=False)  # the oldest: the small pool layer
     assert emptied == [] and len(runner.layers) == 1
@@ -82,7 +82,7 @@ def test_warm_cases_are_each_gpu_subjects_pool_layers_once_with_their_own_weight
     assert list(cases) == [gpu.pool_key], "by default only GPU subjects' pools warm"
     scenarios = [Scenario.from_json(c["scenario"]) for c in cases[gpu.pool_key]]
     shapes = [s.layer.key() for s in scenarios]
-    wanted = [dataclasses.replace(layer, weight_seed=warmup.WARM_SEED).key() for layer in layer_pool(gpu.caps, 2)]
+    wanted = [dataclasses.replace(layer, weight_seed=warmup.WARM_SEED).key() for layer in fixed_layers(gpu.contract, 2)]
     assert shapes == wanted, "one case per pool layer, in order, each once"
     assert all(c["impl"] == GPU_SPEC and s.ep_size == 2 for c, s in zip(cases[gpu.pool_key], scenarios))
     monkeypatch.setenv("MOE_POOL_WARMUP", "0")
@@ -98,12 +98,12 @@ def test_a_pool_started_ahead_builds_its_layers_before_its_first_case(ahead, tmp
     assert s1.pool_key in ahead.pools, "the first pool with layers to build starts at once"
     check_oracle(s1, _case(1))
     assert s2.pool_key in ahead.pools  # started ahead while EP1 ran
-    own = layer_pool(s2.caps, 2)[-1]  # a test's layer of a warm shape (the last: a CPU rank keeps one layer)
+    own = fixed_layers(s2.contract, 2)[-1]  # a test's layer of a warm shape (the last: a CPU rank keeps one layer)
     run = run_scenario(s2, Scenario(own, (BatchCase(tokens=(4, 4), seed=1),), 2))
     (ep1, ep2) = sorted(_warmups(tmp_path), key=lambda w: w["world_size"])
     for w, subject in ((ep1, s1), (ep2, s2)):
         assert w["ok"] and w["why"] == "", w
-        assert w["cases"] == len(layer_pool(subject.caps, subject.ep_size)) == w["layers_built"] == 2, w
+        assert w["cases"] == len(fixed_layers(subject.contract, subject.ep_size)) == w["layers_built"] == 2, w
     assert all(r.warming == 0 for r in ahead.pools[s2.pool_key].ranks.values())
     assert run.layers_built == 1 and run.layer_calls_before == 0, (
         "the test's own layer has no warm batch in its history"

@@ -42,7 +42,7 @@ def test_each_figure_stands_next_to_the_bound_for_its_output_size(night):
     row = next(line for line in table if line.startswith(f"| {PUSH} | 1 |"))
     widened = PUSH_FP8.global_bounds(2)[0]
     assert f"| 0.0466 ≤ {widened:.3g} (2 tok) |" in row and widened > 0.0466 > PUSH_FP8.rel_l2, row
-    assert f"≤ {PUSH_FP8.row_rel_l2:.3g} |" in row and f"≤ {PUSH_FP8.band_c:.3g} |" in row
+    assert f"≤ {PUSH_FP8.row_rel_l2:.3g} |" in row and f"≤ {PUSH_FP8.band_units:.3g} |" in row
 
 
 def _case(rel_l2: float, tokens: int) -> CaseRecord:

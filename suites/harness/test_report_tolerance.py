@@ -51,7 +51,7 @@ def test_an_older_record_follows_the_backends_override_not_its_recipe(tmp_path):
         _case("pkg.not_here:factory", BF16_WEIGHTS.name),
     )
     tol = report_bounds.tolerances_of(tmp_path)
-    assert tol["faulty:scale_1e-2"] == tolerance_fields(load("faulty:scale_1e-2").capabilities.effective_tolerance)
+    assert tol["faulty:scale_1e-2"] == tolerance_fields(load("faulty:scale_1e-2").contract.effective_tolerance)
     assert (
         tol["faulty:scale_1e-2"]["rel_l2"] == SM90_PULL_FP8_BLOCKWISE.tolerance.rel_l2 != BF16_WEIGHTS.tolerance.rel_l2
     )

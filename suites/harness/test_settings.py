@@ -163,10 +163,10 @@ def test_an_ep_size_some_selected_impls_support_stays_a_skip_for_the_others(monk
     from fixtures.core.selection import ep_skip_reason
 
     only8 = "sm100_bf16_bf16_bf16_rank_major_cuda"
-    assert load(only8).capabilities.ep_sizes == (8,), "pick another EP8-only backend for this test"
+    assert load(only8).contract.ep_sizes == (8,), "pick another EP8-only backend for this test"
     monkeypatch.delenv("MOE_CONFORMANCE_IMPL", raising=False)
     options.check(_Config(**{"--impl": [f"reference-ep,{only8}"], "--ep": "1,8"}))  # no usage error
-    assert "does not support EP1" in ep_skip_reason(only8, load(only8).capabilities, 1)
+    assert "does not support EP1" in ep_skip_reason(only8, load(only8).contract, 1)
     with pytest.raises(pytest.UsageError, match="no selected implementation supports EP1"):
         options.check(_Config(**{"--impl": [only8], "--ep": "1,8"}))
 

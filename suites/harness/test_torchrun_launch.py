@@ -146,8 +146,8 @@ def test_the_backend_is_the_subjects_own():
     from fixtures.backends.flashinfer.megamoe_paths import PATHS
 
     assert inprocess.subject_backend(REFERENCE_EP_CAPS) == "gloo"
-    assert inprocess.subject_backend(megamoe_adapter.capabilities(PATHS[0])) == "nccl"
-    moe_ep = adapter.capabilities(next(d for d in DESCRIPTORS if d.ranks_share_device))
+    assert inprocess.subject_backend(megamoe_adapter.contract_of(PATHS[0])) == "nccl"
+    moe_ep = adapter.contract_of(next(d for d in DESCRIPTORS if d.ranks_share_device))
     assert moe_ep.dist_backend is None  # it bootstraps its own: the group it would start
     assert inprocess.subject_backend(moe_ep, (("MEGA_SINGLE_GPU_GLOO", "1"),)) == "gloo"
     assert inprocess.subject_backend(moe_ep) == "nccl"
@@ -168,7 +168,7 @@ def test_a_launch_plans_its_subjects_backend(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.delenv("MOE_POOL_ADDR", raising=False)
-    mega = Implementation(PATHS[0].name, megamoe_adapter.capabilities(PATHS[0]), build=None)
+    mega = Implementation(PATHS[0].name, megamoe_adapter.contract_of(PATHS[0]), build=None)
     inprocess.plan([Subject(PATHS[0].name, mega, 2)])
     assert (inprocess._STATE["backend"], inprocess._STATE["device"]) == ("nccl", 1)  # its GPU: LOCAL_RANK's
     inprocess.plan([Subject("reference-ep", load("reference-ep"), 2), Subject(PATHS[0].name, mega, 4)])

@@ -16,7 +16,7 @@ import pytest
 import torch.distributed as dist
 
 from fixtures.pools import inprocess
-from fixtures.core.geometries import tile_layer
+from fixtures.core.geometries import single_tile_layer
 from fixtures.core.implementation import Implementation, load
 from fixtures.core.problem import BatchCase, Scenario
 from fixtures.core.runner import Subject, run_scenario
@@ -33,7 +33,7 @@ LOOSE = Tolerance(
     rel_l2=0.01,
     cosine=0.999,
     row_rel_l2=0.01,
-    band_c=1e9,
+    band_units=1e9,
     textbook_rel_l2=1.0,
     reason="what ep_dependent_scale is held to: 0.01 relative L2, per token too",
 )
@@ -58,12 +58,12 @@ def ep_dependent_scale() -> Implementation:
         return _Scaled(inner.build(ctx, layer_case, w13, w2), 1 + SCALE if ctx.world_size == 1 else 1 - SCALE)
 
     return Implementation(
-        name="ep-dependent-scale", build=build, capabilities=dataclasses.replace(inner.capabilities, tolerance=LOOSE)
+        name="ep-dependent-scale", build=build, contract=dataclasses.replace(inner.contract, tolerance=LOOSE)
     )
 
 
 def _small(subject: Subject, seed: int) -> Scenario:
-    layer = tile_layer(subject.caps, subject.ep_size)
+    layer = single_tile_layer(subject.contract, subject.ep_size)
     return Scenario(layer, (BatchCase(tokens=(2,) * subject.ep_size, seed=seed),), subject.ep_size)
 
 
@@ -81,7 +81,7 @@ def test_the_group_is_the_subjects(subject):
         pytest.skip("the hang probe runs alone")
     run_scenario(subject, _small(subject, 2))
     (OUT / f"backend-rank-{dist.get_rank()}").write_text(dist.get_backend())
-    assert dist.get_backend() == inprocess.subject_backend(subject.caps, subject.pool_key.env)
+    assert dist.get_backend() == inprocess.subject_backend(subject.contract, subject.pool_key.env)
 
 
 def test_a_stuck_rank_is_named(subject):

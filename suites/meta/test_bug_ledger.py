@@ -51,7 +51,7 @@ def _search(spec: str, check: str, examples: int) -> tuple[ConformanceFailure | 
     examples ran."""
     impl = load(spec)
     subject = Subject(spec, impl, LEDGER_EP)
-    caps = dataclasses.replace(impl.capabilities, **SMALL)
+    contract = dataclasses.replace(impl.contract, **SMALL)
     single = CHECKS[check].single_batch
     ran = []
 
@@ -59,7 +59,7 @@ def _search(spec: str, check: str, examples: int) -> tuple[ConformanceFailure | 
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def search(data, seed):
         ran.append(1)
-        run_checks(subject, data.draw(scenarios(caps, LEDGER_EP, max_batches=1 if single else 3)), seed, [check])
+        run_checks(subject, data.draw(scenarios(contract, LEDGER_EP, max_batches=1 if single else 3)), seed, [check])
 
     try:
         search()

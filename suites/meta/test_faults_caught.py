@@ -49,7 +49,7 @@ def _search(fault: str, names=None, inner: str = "") -> tuple[ConformanceFailure
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def generic_checks(data, seed):
         examples.append(1)
-        scenario = data.draw(scenarios(subject.caps, META_EP, max_batches=1 if single else 3))
+        scenario = data.draw(scenarios(subject.contract, META_EP, max_batches=1 if single else 3))
         run_checks(subject, scenario, seed, names)
 
     with pytest.raises(Exception) as info:
@@ -153,6 +153,6 @@ def test_reference_ep_itself_passes_the_same_search():
     )
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def generic_checks(data, seed):
-        run_checks(subject, data.draw(scenarios(subject.caps, META_EP)), seed)
+        run_checks(subject, data.draw(scenarios(subject.contract, META_EP)), seed)
 
     generic_checks()

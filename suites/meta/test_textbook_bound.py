@@ -13,7 +13,7 @@ import pytest
 from fixtures.core.checks import ConformanceFailure, check_textbook
 from fixtures.core.oracle import expected
 from fixtures.core.compare import relative_l2
-from fixtures.core.implementation import Capabilities, Implementation
+from fixtures.core.implementation import Contract, Implementation
 from fixtures.backends.faulty import _swap_gate_up
 from fixtures.core.problem import Scenario, make_batch, make_weights
 from fixtures.core.runner import RunResult, Subject
@@ -24,7 +24,7 @@ from reference.textbook import textbook_for_recipe
 pytestmark = [pytest.mark.meta, pytest.mark.cpu]
 
 RECIPE = SM90_PULL_FP8_PER_TENSOR
-SUBJECT = Subject("recipe-exact", Implementation("recipe-exact", Capabilities(recipe=RECIPE), build=None), 1)
+SUBJECT = Subject("recipe-exact", Implementation("recipe-exact", Contract(recipe=RECIPE), build=None), 1)
 # The failing H200 case's second batch: 33 tokens on one of two experts, inputs of scale 4.
 SATURATING = Scenario.from_json(
     '{"batches":[{"bias_scale":0.0,"input_scale":4.0,"method":"TopK","n_group":null,"pattern":"hot_expert",'
