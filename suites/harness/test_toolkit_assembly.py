@@ -1,7 +1,6 @@
-"""tools/toolkit_check.py and tools/toolkit_assembly.py on CPU, with fake toolkit trees and fake wheels in tmp_path (no
-network, no nvcc): the check names each piece a toolkit lacks (libnvrtc.so too: the push_cuda GEMM failed to link on
-``cannot find -lnvrtc`` when the check did not look for it, reference.evidence.AOT_BUILT_ON_CPU), and the
-builder assembles a toolkit of its own from a bare nvcc's tree and the wheels."""
+"""tools/toolkit_check.py and tools/toolkit_assembly.py on fake toolkit trees and wheels (no network, no nvcc): the
+check names each piece a toolkit lacks (libnvrtc.so too, reference.evidence.AOT_BUILT_ON_CPU), and the builder
+assembles a toolkit of its own from a bare nvcc's tree and the wheels."""
 
 from __future__ import annotations
 
@@ -75,14 +74,10 @@ def _wheels(folder: Path, nvrtc: bool = True) -> Path:
     (cu13 / "lib").mkdir()
     for header in ("cuda.h", "cuda_runtime.h", "cublasLt.h", "nvrtc.h", "curand_kernel.h"):
         (cu13 / "include" / header).write_text(FAKE_CUDA_H if header == "cuda.h" else "")
-    for library in (
-        "libcudart.so.13",
-        "libcublas.so.13",
-        "libcurand.so.10",
-        "libnvrtc-builtins.so.13.0",
-        *(["libnvrtc.so.13"] if nvrtc else []),
-    ):
+    for library in "libcudart.so.13 libcublas.so.13 libcurand.so.10 libnvrtc-builtins.so.13.0".split():
         (cu13 / "lib" / library).write_text("")
+    if nvrtc:
+        (cu13 / "lib" / "libnvrtc.so.13").write_text("")
     (folder / "wheels" / toolkit_assembly.INSTALLED).write_text("\n".join(toolkit_assembly.PINS[13]) + "\n")
     return folder
 
@@ -178,22 +173,18 @@ def test_assembly_refuses_an_nvcc_of_another_cuda_major(tmp_path):
 
 
 def _builder(tmp_path: Path, cuda_home: Path, toolkit: Path) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "CUDA_HOME": str(cuda_home),
-        "PYTHONPATH": str(ROOT),
-        "CXX": "false",
-        "MAX_JOBS": "1",
-        "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "ws"),
-    }
-    return subprocess.run(
-        [sys.executable, "-m", "tools.build_jit_modules", "--out", str(tmp_path / "x.tgz"), "--toolkit", str(toolkit)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    env = dict(os.environ, CUDA_HOME=str(cuda_home), PYTHONPATH=str(ROOT), CXX="false", MAX_JOBS="1")
+    env["FLASHINFER_WORKSPACE_BASE"] = str(tmp_path / "ws")
+    argv = [
+        sys.executable,
+        "-m",
+        "tools.build_jit_modules",
+        "--out",
+        str(tmp_path / "x.tgz"),
+        "--toolkit",
+        str(toolkit),
+    ]
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_the_builder_assembles_from_a_bare_nvcc_and_checks_what_the_modules_link(tmp_path):
