@@ -1,6 +1,6 @@
 """Runs never mix (fixtures.run_folder): each session writes into a run folder of its own, the workers of one session
-share it, summary.json follows its schema and counts as pytest does, and shards merged (ci.runs) read as the run
-that was not sharded."""
+share it, summary.json follows its schema and counts as pytest does, shards merged (ci.runs) read as the run that was
+not sharded, and the results folder may lie outside the checkout."""
 
 from __future__ import annotations
 
@@ -38,28 +38,9 @@ WANT = {"passed": 2, "failed": 1, "skipped": 1, "xfailed": 1, "xpassed": 1, "err
 
 def _pytest(results: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MOE_HYPOTHESIS_PROFILE": "ci", "MOE_HYPOTHESIS_EXAMPLES": "1"}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-c",
-            str(ROOT / "pytest.ini"),
-            "--rootdir",
-            str(ROOT),
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "--results-dir",
-            str(results),
-            *args,
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    argv = [sys.executable, "-m", "pytest", "-c", str(ROOT / "pytest.ini"), "--rootdir", str(ROOT), "-q"]
+    argv += ["-p", "no:cacheprovider", "--results-dir", str(results), *args]
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
 def _closing_counts(stdout: str) -> dict[str, int]:
@@ -114,11 +95,8 @@ def test_two_sessions_write_two_run_folders_that_never_mix(tmp_path):
     for folder, name in ((first, "MOE_CASE_TIMEOUT"), (second, "MOE_JIT_TIMEOUT")):
         tests = run_folder.read_summary(folder / run_folder.SUMMARY)["tests"]
         assert [t.split("[")[1] for t in tests] == [f"{name}]"]
-        recorded = {
-            json.loads(line)["test"].split("[")[-1]
-            for f in folder.glob("tests-*.jsonl")
-            for line in f.read_text().splitlines()
-        }
+        lines = [line for f in folder.glob("tests-*.jsonl") for line in f.read_text().splitlines()]
+        recorded = {json.loads(line)["test"].split("[")[-1] for line in lines}
         assert recorded == {f"{name}]"}, (folder, recorded)
     assert not list(tmp_path.glob("*.jsonl"))  # nothing written beside the run folders
 
@@ -140,16 +118,8 @@ def _section(text: str, heading: str) -> str:
 def sharded(tmp_path_factory):
     """The same tests (subject tests of reference-ep at EP1 and EP2, tests of two modules) unsharded and as 2 shards."""
     base = tmp_path_factory.mktemp("sharded")
-    target = [
-        "suites/conformance/test_generic.py",
-        "-k",
-        "test_matches_reference",
-        "suites/harness/test_outcomes.py",
-        "--impl",
-        "reference-ep",
-        "--ep",
-        "1,2",
-    ]
+    target = "suites/conformance/test_generic.py -k test_matches_reference suites/harness/test_outcomes.py"
+    target = [*target.split(), "--impl", "reference-ep", "--ep", "1,2"]
     folders = {}
     for name, extra in (("whole", []), ("s1", ["--shard", "1/2"]), ("s2", ["--shard", "2/2"])):
         folders[name] = base / name
@@ -168,8 +138,7 @@ def test_the_merged_report_of_two_shards_is_the_unsharded_runs(sharded, tmp_path
     total = json.loads((tmp_path / "merged" / "merged-summary.json").read_text())
     assert total["counts"] == one["counts"] and total["matrix"] == one["matrix"] and total["tests"] == one["tests"]
     assert {"EP1", "EP2"} <= set(one["matrix"]["reference-ep"]) and total["shards"] == [
-        {"k": 1, "n": 2},
-        {"k": 2, "n": 2},
+        {"k": k, "n": 2} for k in (1, 2)
     ]
     assert compare_runs.main(["--old", str(sharded["s1"]), "--old", str(sharded["s2"]), str(sharded["whole"])]) == 0
 
@@ -185,3 +154,22 @@ def test_a_test_in_two_shards_is_an_input_error(sharded, tmp_path, capsys):
     assert len(err) == 1 and "ran in shard 1/2" in err[0] and "a test belongs to one shard" in err[0], err
     assert compare_runs.main(["--old", str(sharded["s1"]), "--old", str(twin), str(sharded["whole"])]) == cli.INPUT
     assert report.main([str(sharded["s1"]), str(sharded["s2"])]) == cli.INPUT  # several folders need --out
+
+
+def test_ci_test_sh_accepts_an_existing_results_folder_outside_the_checkout(tmp_path):
+    """With no path argument pytest must still find the suite's ini (it takes an existing folder for where to look)."""
+    argv = [
+        "bash",
+        "ci/test.sh",
+        "--results-dir",
+        str(tmp_path),
+        "-m",
+        "cpu",
+        "--co",
+        "-q",
+        "-k",
+        "test_ranks_run_below",
+    ]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "test_ranks_run_below_the_pytest_process_priority" in done.stdout
