@@ -1,14 +1,17 @@
-"""tools/bench_cases.py reports from the per-case records of the real suite: run it end to end on the CPU
-(reference-ep, EP1, two drawn cases) and read its table."""
+"""The benches: tools/bench_cases.py reports from the real suite's per-case records (run end to end on the CPU), and
+tools.bench_latency takes the peaks of the GPU model it runs on (GPU_PEAKS): on a model the table lacks, none, and why."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
-from tools import bench_cases
+from tools import bench_cases, bench_latency
 from fixtures.results import CaseRecord
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
+GPU = torch.device("cuda", 0)  # a device object only: nothing runs on it
+TINY = bench_latency.GEOMETRIES["tiny"]
 
 
 def test_cases_per_minute_and_phase_split_come_from_the_suites_records(monkeypatch, tmp_path, capsys):
@@ -26,20 +29,32 @@ def test_cases_per_minute_and_phase_split_come_from_the_suites_records(monkeypat
 
 
 def test_only_the_drawn_reference_cases_count():
-    records = [
-        CaseRecord(
-            impl="x",
-            ep=1,
-            recipe="r",
-            check="oracle+textbook",
-            scenario="{}",
-            seconds=2.0,
-            layers_built=1,
-            rank_seconds={"build": 0.5, "first-forward": 0.25, "forward": 0.25},
-            process_seconds={"run": 1.0, "oracle": 0.5, "textbook": 0.25},
-        ),
-        CaseRecord(impl="x", ep=1, recipe="r", check="model:deepseek-v3", scenario="{}", seconds=100.0),
-    ]
+    ranks, process = (
+        {"build": 0.5, "first-forward": 0.25, "forward": 0.25},
+        {"run": 1.0, "oracle": 0.5, "textbook": 0.25},
+    )
+    drawn = CaseRecord(
+        "x", 1, "r", "oracle+textbook", "{}", 2.0, layers_built=1, rank_seconds=ranks, process_seconds=process
+    )
+    records = [drawn, CaseRecord("x", 1, "r", "model:deepseek-v3", "{}", 100.0)]
     s = bench_cases.summarise(records)[("x", 1)]
     assert (s["cases"], s["case s"], s["rank forward"], s["textbook"]) == (1, 2.0, 0.5, 0.25)
     assert "| x | 1 | 1 | 2.0 | 30.0 | 1 | 25 | 25 | 50 | 25 | 0 | 0 | 12 | 12 |" in bench_cases.table({("x", 1): s})
+
+
+@pytest.mark.parametrize("name", sorted(bench_latency.GPU_PEAKS))
+def test_a_known_gpu_gets_its_own_peaks(monkeypatch, name):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    gpu, peaks, why = bench_latency.device_peaks(GPU)
+    assert (gpu, peaks, why) == (name, bench_latency.GPU_PEAKS[name], "")
+    r = bench_latency.row("k", TINY, 64, [0.01], 1.0, peaks)
+    assert r["tflops_frac_peak"] == pytest.approx(r["tflops"] / peaks["fp8_tflops"], abs=2e-4)  # of rounded fields
+    assert r["hbm_frac_peak"] == pytest.approx(r["hbm_gbs"] / peaks["hbm_gbs"], abs=2e-4)
+
+
+def test_an_unknown_gpu_has_no_fraction_of_peak_and_says_why(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA B200")
+    gpu, peaks, why = bench_latency.device_peaks(GPU)
+    assert gpu == "NVIDIA B200" and peaks is None and "'NVIDIA B200'" in why and "GPU_PEAKS" in why
+    r = bench_latency.row("k", TINY, 64, [0.01], 1.0, peaks)
+    assert r["tflops_frac_peak"] is None and r["hbm_frac_peak"] is None and r["tflops"] > 0
