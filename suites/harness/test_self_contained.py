@@ -41,14 +41,8 @@ def _project_files() -> list[Path]:
     except (OSError, subprocess.CalledProcessError):  # no git: walk the tree
         paths = [p for p in ROOT.rglob("*") if not SKIP_DIRS & set(p.relative_to(ROOT).parts[:-1])]
     here = Path(__file__).resolve()  # its examples of what the checks refuse are not project text
-    return sorted(
-        p
-        for p in paths
-        if p.is_file()
-        and p.relative_to(ROOT).parts[0] not in SKIP_DIRS
-        and not p.name.startswith(".venv")
-        and p.resolve() != here
-    )
+    paths = [p for p in paths if p.relative_to(ROOT).parts[0] not in SKIP_DIRS and not p.name.startswith(".venv")]
+    return sorted(p for p in paths if p.is_file() and p.resolve() != here)
 
 
 def _text(path: Path) -> str | None:
@@ -62,12 +56,8 @@ def outside_references(files: list[Path], root: Path = ROOT) -> list[str]:
     """``file:line: text`` for each line that refers outside the repository (bar the allowed ones)."""
     found = []
     for path in files:
-        text = _text(path)
-        if text is None:
-            continue
-        rel = path.relative_to(root).as_posix()
-        for n, line in enumerate(text.splitlines(), 1):
-            allowed = ALLOWED_OUTSIDE.get(rel)
+        rel, allowed = path.relative_to(root).as_posix(), ALLOWED_OUTSIDE.get(path.relative_to(root).as_posix())
+        for n, line in enumerate((_text(path) or "").splitlines(), 1):
             if OUTSIDE.search(CHECKED.sub("", line)) and not (allowed and allowed.search(line)):
                 found.append(f"{rel}:{n}: {line.strip()}")
     return found
@@ -171,11 +161,8 @@ def test_every_hardware_bound_finding_and_descriptor_links_its_log():
     bad = [f"finding {k}" for k in findings.FINDINGS if findings.EVIDENCE.get(k) not in evidence.LOGS]
     bad += [f"{d.impl_name}: evidence {d.evidence!r}" for d in ALL_DESCRIPTORS if d.evidence and not linked(d.evidence)]
     for recipe in KERNEL_RECIPES.values():
-        for what, bound in (
-            ("tolerance", recipe.tolerance),
-            ("regroup", recipe.regroup_tolerance),
-            ("systematic", recipe.tolerance.systematic),
-        ):
+        bounds = {"tolerance": recipe.tolerance, "regroup": recipe.regroup_tolerance}
+        for what, bound in {**bounds, "systematic": recipe.tolerance.systematic}.items():
             if bound is not None and not (linked(bound.reason) or re.search(r"unverified|provisional", bound.reason)):
                 bad.append(f"{recipe.name} {what}: {bound.reason!r}")
     assert not bad, "a hardware claim without a link to its log (reference/evidence.py):\n" + "\n".join(bad)
@@ -192,12 +179,10 @@ def test_the_checks_see_a_reference_outside_and_a_bare_date(tmp_path):
         'BAD = [line for line in LINES if "../shared" in line]  # a check, not a reference\n'
     )
     run.write_text('export MOE_GSM8K_DIR="$(dirname "$PWD")/shared/datasets/gsm8k"\ncp ../shared/gpu/x .\n')
-    assert outside_references([code, run], tmp_path) == [
-        "mod.py:1: " + code.read_text().splitlines()[0],
-        ".ci/run:2: cp ../shared/gpu/x .",
-    ]
+    first = "mod.py:1: " + code.read_text().splitlines()[0]
+    assert outside_references([code, run], tmp_path) == [first, ".ci/run:2: cp ../shared/gpu/x ."]
     dated, bare = dated_lines([code, run], tmp_path)
-    assert len(dated) == 2 and bare == ["mod.py:1: " + code.read_text().splitlines()[0]]
+    assert len(dated) == 2 and bare == [first]
     code.write_text("LOG = evidence.SESSION19  # the log\n")
     assert run_log_lines([code], tmp_path) == ["mod.py:1: LOG = evidence.SESSION19  # the log"]
 
@@ -208,9 +193,5 @@ def test_the_check_sees_a_citation_the_doc_does_not_hold(tmp_path):
     code.write_text('SRC = "kernels §3.1 item 2, and kernels §D2.2 item 4"\nOK = "kernels §3, §3.1-§D2.2"\n')
     assert unresolved_citations([code], doc, tmp_path) == []
     code.write_text('A = "kernels §3.2"\nB = "kernels §3.1 item 9"\n# kernels\n# §D7\nC = "catalogue §1.8"\n')
-    assert unresolved_citations([code], doc, tmp_path) == [
-        "mod.py: kernels §3.2",
-        "mod.py: kernels §3.1 item 9",
-        "mod.py: kernels §D7",
-        "mod.py: catalogue §",
-    ]
+    want = ["kernels §3.2", "kernels §3.1 item 9", "kernels §D7", "catalogue §"]
+    assert unresolved_citations([code], doc, tmp_path) == [f"mod.py: {w}" for w in want]
