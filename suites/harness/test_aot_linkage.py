@@ -1,7 +1,5 @@
-"""ci/aot_linkage.py and tools/driver_stub.py on CPU, with modules compiled here. The H200 ended the run at the first
-call of an AOT module built against a libcuda stub that defined nothing ("symbol lookup error:
-undefined symbol: cuLibraryLoadData", exit 127); these tests hold the rule that predicts it to the dynamic loader's
-own verdict (dlopen with RTLD_NOW, which resolves every symbol at once instead of at the first call)."""
+"""ci/aot_linkage.py and tools/driver_stub.py on modules compiled here: the rule that predicts an AOT module's "undefined
+symbol: cuLibraryLoadData" (an H200 run ended so, exit 127) agrees with the loader's own (dlopen with RTLD_NOW)."""
 
 from __future__ import annotations
 
@@ -38,13 +36,8 @@ def stubs(tmp_path):
 
 def _loads_with_rtld_now(module: Path, library_path: Path) -> subprocess.CompletedProcess:
     code = f"import ctypes, os; ctypes.CDLL({str(module)!r}, mode=os.RTLD_NOW)"
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "LD_LIBRARY_PATH": str(library_path)},
-    )
+    env = {**os.environ, "LD_LIBRARY_PATH": str(library_path)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
 
 
 def test_the_written_stub_defines_every_spelling_and_carries_the_soname(stubs):
@@ -93,13 +86,8 @@ def test_the_command_names_each_unfit_module_and_exits_1(stubs, tmp_path):
     empty, made = stubs
     compile_so(tmp_path / "mods" / "bad", "bad.so", DRIVER_CALLER, f"-L{empty.parent}", "-lcuda")
     compile_so(tmp_path / "mods" / "good", "good.so", DRIVER_CALLER, f"-L{made.parent}", "-lcuda")
-    done = subprocess.run(
-        [sys.executable, "-m", "ci.aot_linkage", "--names", str(tmp_path / "mods")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    argv = [sys.executable, "-m", "ci.aot_linkage", "--names", str(tmp_path / "mods")]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1 and done.stdout.split() == [str(tmp_path / "mods" / "bad" / "bad.so")], done.stdout
 
 
@@ -115,20 +103,14 @@ def test_the_load_check_finds_what_the_driver_rule_cannot(stubs, tmp_path):
     assert set(found) == {orphan} and "undefined symbol: nowhere" in found[orphan], found
     (made.parent / "libcuda.so.1").symlink_to(made)
     env = {**os.environ, "LD_LIBRARY_PATH": str(made.parent)}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "ci.aot_linkage",
-            "--load",
-            "--names",
-            str(tmp_path / "driver"),
-            str(tmp_path / "plain"),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    argv = [
+        sys.executable,
+        "-m",
+        "ci.aot_linkage",
+        "--load",
+        "--names",
+        str(tmp_path / "driver"),
+        str(tmp_path / "plain"),
+    ]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and not done.stdout, done.stdout + done.stderr  # the driver found: it loads

@@ -1,8 +1,5 @@
-"""fixtures.clean_exit: after a CUDA session pytest's own status survives a crashing interpreter teardown.
-
-A child pytest runs with a stand-in for CUDA (torch.cuda.is_available/is_initialized patched true) and an
-atexit handler that kills the interpreter with SIGSEGV, as an H200 teardown did: with the plugin
-the child exits with pytest's status (0 for a pass, 1 for a failure); with MOE_CLEAN_EXIT=0 the crash shows."""
+"""fixtures.clean_exit: after a CUDA session pytest's own status survives a crashing interpreter teardown (a child pytest
+with CUDA faked on and an atexit SIGSEGV, as an H200 teardown did); with MOE_CLEAN_EXIT=0 the crash shows."""
 
 from __future__ import annotations
 
@@ -30,31 +27,9 @@ def _child(tmp_path: Path, body: str, **env) -> int:
     (tmp_path / "fake_cuda_crash.py").write_text(FAKE_CUDA_AND_CRASH)
     (tmp_path / "test_child.py").write_text(f"def test_it():\n    {body}\n")
     run_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)]), **env}
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            "fake_cuda_crash",
-            "-p",
-            "fixtures.clean_exit",
-            "-c",
-            os.devnull,
-            "--rootdir",
-            str(tmp_path),
-            str(tmp_path / "test_child.py"),
-        ],
-        cwd=tmp_path,
-        env=run_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    return done.returncode
+    argv = [sys.executable, *"-m pytest -q -p no:cacheprovider -p fake_cuda_crash -p fixtures.clean_exit -c".split()]
+    argv += [os.devnull, "--rootdir", str(tmp_path), str(tmp_path / "test_child.py")]
+    return subprocess.run(argv, cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=120).returncode
 
 
 @pytest.mark.parametrize("body, status", [("assert True", 0), ("assert False", 1)])

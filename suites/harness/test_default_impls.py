@@ -47,26 +47,8 @@ def test_without_a_marker_the_gpus_here_decide(monkeypatch):
 
 
 def test_pytest_m_sm90_collects_the_hopper_backends_and_skips_them_here_with_the_reason():
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "suites/conformance/test_generic.py",
-            "-m",
-            "sm90",
-            "-k",
-            "test_matches_reference",
-            "-p",
-            "no:cacheprovider",
-            "-v",
-            "-rs",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    argv = "-m pytest suites/conformance/test_generic.py -m sm90 -k test_matches_reference -p no:cacheprovider -v -rs"
+    done = subprocess.run([sys.executable, *argv.split()], cwd=ROOT, capture_output=True, text=True, timeout=300)
     out = done.stdout
     for name in _of("sm90"):
         assert f"test_matches_reference[{name}-EP1]" in out, f"{name} not collected: {out[-2000:]}"

@@ -1,8 +1,6 @@
-"""One exit-code table for every command (ci.cli.EXIT_CODES, docs/running.md#exit-codes): each ``python -m ci.*`` and
-``python -m tools.*`` command lists under "exit codes:" in its ``--help`` every code it returns, each code one of the
-table's with the table's class of meaning, and a bad argument is exit 4 (cli.INPUT) with one line on stderr and no
-traceback. The commands are found, not listed: every module under ci/, tools/ and gates/ with a ``main`` and an
-``if __name__ == "__main__"``; each is imported and its ``main(argv)`` called here (one import of torch for all)."""
+"""One exit-code table for every command (ci.cli.EXIT_CODES): each ``python -m`` command of ci/, tools/ and gates/ (found
+by its ``main`` and ``__main__`` block, called in this process) lists in its ``--help`` every code it returns, with the
+table's meaning, and a bad argument is exit 4 with one line on stderr and no traceback."""
 
 from __future__ import annotations
 
@@ -64,16 +62,12 @@ def returned(module: str) -> set[int]:
     Incomplete, and what the ``__main__`` block hands to the shell must be main's own code."""
     tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
     names = {
-        name: getattr(cli, name)
-        for name in ("OK", "VERDICT", "INTERRUPTED", "INTERNAL", "INPUT", "NOTHING_TESTED", "INCOMPLETE")
+        name: getattr(cli, name) for name in "OK VERDICT INTERRUPTED INTERNAL INPUT NOTHING_TESTED INCOMPLETE".split()
     }
-    codes = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Raise) and node.exc is not None:
-            called = ast.unparse(node.exc)
-            codes |= (
-                {cli.INPUT} if "cli.InputError" in called else {cli.INCOMPLETE} if "cli.Incomplete" in called else set()
-            )
+    raised = [ast.unparse(node.exc) for node in ast.walk(tree) if isinstance(node, ast.Raise) and node.exc is not None]
+    codes = {cli.INPUT for r in raised if "cli.InputError" in r} | {
+        cli.INCOMPLETE for r in raised if "cli.Incomplete" in r
+    }
     main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
     for node in ast.walk(main):
         if isinstance(node, ast.Return) and node.value is not None:

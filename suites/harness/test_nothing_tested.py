@@ -21,14 +21,8 @@ GPU_ONLY_FILE = "suites/flashinfer/test_gpu_prerequisites.py"  # every test in i
 
 def _pytest(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "MOE_CONFORMANCE_"))}
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args],
-        cwd=ROOT,
-        env={**env, "MOE_WORKERS": "0"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args]
+    return subprocess.run(argv, cwd=ROOT, env={**env, "MOE_WORKERS": "0"}, capture_output=True, text=True, timeout=300)
 
 
 def _verdict(done: subprocess.CompletedProcess) -> list[str]:
@@ -47,13 +41,8 @@ def test_sm90_without_an_sm90_gpu_is_nothing_tested_unless_allowed():
 @pytest.mark.skipif(not arch.skip_reason("sm90"), reason="an SM90 GPU is visible here: the SM90 backend runs")
 def test_an_impl_whose_every_test_skips_is_nothing_tested_though_others_passed():
     gpu_backend = "sm90_bf16_bf16_bf16_pull_cutedsl"
-    done = _pytest(
-        "suites/conformance/test_generic.py::test_matches_reference",
-        "--impl",
-        f"{gpu_backend},reference-ep",
-        "--ep",
-        "1",
-    )
+    test = "suites/conformance/test_generic.py::test_matches_reference"
+    done = _pytest(test, "--impl", f"{gpu_backend},reference-ep", "--ep", "1")
     assert done.returncode == cli.NOTHING_TESTED, done.stdout[-2000:]
     assert "1 passed, 1 skipped" in done.stdout, "reference-ep ran: the run as a whole was not empty"
     assert len(_verdict(done)) == 1 and f"--impl {gpu_backend}: every test of it skipped" in _verdict(done)[0]

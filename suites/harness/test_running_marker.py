@@ -1,7 +1,5 @@
-"""A pytest process that dies without a summary names the test it died in: ``<results-dir>/running-<worker>.txt``
-(conftest, fixtures.results.mark_running), quoted first by the report. On an H200
-(reference.evidence.AOT_CRASH_AND_CUT_SHORT) an AOT module's missing driver symbol ended pytest inside
-test_gpu_behaviour with exit 127 and no line of its own: the captured stderr died with the process."""
+"""A pytest process that dies without a summary names the test it died in (``running-<worker>.txt``,
+fixtures.results.mark_running), quoted first by the report (reference.evidence.AOT_CRASH_AND_CUT_SHORT: exit 127)."""
 
 from __future__ import annotations
 
@@ -18,10 +16,8 @@ from fixtures import run_folder
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
-VICTIM = (
-    "suites/harness/test_compare_runs.py::"
-    "test_a_run_whose_every_case_failed_is_a_regression_not_incomparable"
-)  # a test with no costly fixture
+# a test with no costly fixture
+VICTIM = "suites/harness/test_compare_runs.py::test_a_run_whose_every_case_failed_is_a_regression_not_incomparable"
 # ends the process inside the test's call, as the dynamic loader does (no teardown, no sessionfinish, no summary)
 DIE_IN_CALL = "import os\ndef pytest_runtest_call(item):\n    os._exit(127)\n"
 
@@ -29,22 +25,8 @@ DIE_IN_CALL = "import os\ndef pytest_runtest_call(item):\n    os._exit(127)\n"
 def _child(tmp_path: Path, *plugins: str) -> subprocess.CompletedProcess:
     (tmp_path / "die_in_call.py").write_text(DIE_IN_CALL)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
-    argv = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "--rootdir",
-        str(ROOT),
-        "-c",
-        str(ROOT / "pytest.ini"),
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "--results-dir",
-        str(tmp_path / "res"),
-        *plugins,
-        VICTIM,
-    ]
+    argv = [sys.executable, "-m", "pytest", "--rootdir", str(ROOT), "-c", str(ROOT / "pytest.ini"), "-q"]
+    argv += ["-p", "no:cacheprovider", "--results-dir", str(tmp_path / "res"), *plugins, VICTIM]
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 

@@ -16,28 +16,15 @@ from fixtures import shard
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
 # subject tests on rank pools at two EP sizes (two pools), and tests of three modules without one
-TARGET = [
-    "suites/conformance/test_generic.py",
-    "suites/harness/test_settings.py",
-    "suites/harness/test_outcomes.py",
-    "suites/harness/test_pool_order.py",
-    "--impl",
-    "reference-ep",
-    "--ep",
-    "1,2",
-]
+TARGET = "suites/conformance/test_generic.py suites/harness/test_settings.py suites/harness/test_outcomes.py"
+TARGET = [*TARGET.split(), "suites/harness/test_pool_order.py", "--impl", "reference-ep", "--ep", "1,2"]
 _POOL = re.compile(r"\[(reference-ep)-EP(\d+)[\]-]")
 
 
 def _collect(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-    )
+    argv = [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
 
 
 def _ids(*args: str) -> list[str]:
