@@ -24,9 +24,8 @@ def test_a_fault_is_remembered_with_where_it_happened_and_moves_the_oracle_to_th
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    gpu = Subject(
-        "gpu-kernel", Implementation("gpu-kernel", Capabilities(recipe=BF16_WEIGHTS, device="cuda"), build=None), 1
-    )
+    impl = Implementation("gpu-kernel", Capabilities(recipe=BF16_WEIGHTS, device="cuda"), build=None)
+    gpu = Subject("gpu-kernel", impl, 1)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     cuda_health.check("suites/x.py::test_fine")
     assert cuda_health.lost() is None and oracle_device(gpu) == torch.device("cuda", 0)

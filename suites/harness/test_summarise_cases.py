@@ -14,31 +14,15 @@ pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 
 
 def _record(impl, ep, metrics, textbook=(), seconds=1.0):
-    return CaseRecord(
-        impl=impl,
-        ep=ep,
-        recipe="r",
-        check="oracle+textbook",
-        scenario="{}",
-        seconds=seconds,
-        metrics=metrics,
-        textbook_rel_l2=list(textbook),
-        rank_seconds={"build": 0.5, "forward": 0.25},
-        process_seconds={"oracle": 0.125},
-    )
+    times = dict(rank_seconds={"build": 0.5, "forward": 0.25}, process_seconds={"oracle": 0.125})
+    return CaseRecord(impl, ep, "r", "oracle+textbook", "{}", seconds, metrics, textbook_rel_l2=list(textbook), **times)
 
 
 def test_worst_errors_and_times_per_backend_and_ep_size():
-    records = [
-        _record(
-            "a",
-            1,
-            [{"rel_l2": 0.01, "cosine": 0.9999, "row_rel_max": 0.02, "band_units_max": 3.0}, {"batch": 1, "rank": 0}],
-            textbook=[0.05, 0.07],
-        ),
-        _record("a", 1, [{"rel_l2": 0.03, "cosine": 0.999, "row_rel_max": 0.01, "band_units_max": 1.0}], seconds=2.0),
-        _record("a", 2, [{"rel_l2": 0.002}]),
-    ]
+    first = [{"rel_l2": 0.01, "cosine": 0.9999, "row_rel_max": 0.02, "band_units_max": 3.0}, {"batch": 1, "rank": 0}]
+    second = [{"rel_l2": 0.03, "cosine": 0.999, "row_rel_max": 0.01, "band_units_max": 1.0}]
+    records = [_record("a", 1, first, textbook=[0.05, 0.07]), _record("a", 1, second, seconds=2.0)]
+    records.append(_record("a", 2, [{"rel_l2": 0.002}]))
     s = summarise(records)
     a1 = s[("a", 1)]
     assert (a1["cases"], a1["checks"]) == (2, 2)  # the empty batch is not a check

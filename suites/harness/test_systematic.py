@@ -69,9 +69,8 @@ def _row_jitter_case(seed: int, jitter: float = 2e-3):
 
 
 def test_row_correlated_noise_raises_nothing():
-    """The clean H200 kernels' false alarms: an element-wise standard error takes the H elements of
-    a row for H independent samples and alarms on most of these clean cases; the robust one counts the T
-    tokens, and stays quiet on every one."""
+    """An element-wise standard error (H samples a row) alarms on most clean cases, as on the clean H200 kernels;
+    the robust one counts the T tokens and stays quiet on every one."""
     robust = naive = 0
     for seed in range(20):
         terms, ids, ref, out = _row_jitter_case(seed)
@@ -98,9 +97,8 @@ def test_few_tokens_are_not_judged():
 
 
 def test_an_expert_lost_in_the_rounding_is_not_estimated():
-    """A hot expert and a slot at weight e^-8 (the one_expert / hot_expert patterns): the small expert's gain
-    is not measurable through a bf16 output (on the H200: 'expert 0 gain -2e-15, standard error 0' and
-    'gain 0.27' on clean kernels); it is left out, the hot expert is still judged."""
+    """A slot at weight e^-8 beside a hot expert: its gain is not measurable through a bf16 output (false H200 alarms);
+    it is left out, the hot expert is still judged."""
     terms, ids, _, _ = _case(2)
     small = (ids == 5).any(1, keepdim=True)
     terms = torch.where((ids == 5)[:, :, None], terms * 3e-4, terms)

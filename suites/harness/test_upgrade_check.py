@@ -14,10 +14,15 @@ pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_upgrade_check_between_two_installed_versions(capsys, tmp_path):
+def _both():
     old, new = ROOT / ".venv-fi-0.7.2.post1", ROOT / ".venv"
     if not (old / "bin" / "python").exists() or not (new / "bin" / "python").exists():
         pytest.skip("needs both environments of ci/setup.sh (.venv and .venv-fi-0.7.2.post1)")
+    return old, new
+
+
+def test_upgrade_check_between_two_installed_versions(capsys, tmp_path):
+    old, new = _both()
     code = upgrade_check.main([str(old), str(new), "--workdir", str(tmp_path)])
     out = capsys.readouterr().out
     # 87 in moe_ep, and flashinfer.megamoe's 26 (exports, signatures, plan fields, its constant), new in 0.7.4
@@ -25,13 +30,6 @@ def test_upgrade_check_between_two_installed_versions(capsys, tmp_path):
     assert "kernel added: sm90_fp8_nvfp4_bf16_pull_cutedsl" in out and "no GPU" in out
     assert "megamoe export added: mxfp4_mega_moe" in out
     assert code == 1  # the API changed: for review
-
-
-def _both():
-    old, new = ROOT / ".venv-fi-0.7.2.post1", ROOT / ".venv"
-    if not (old / "bin" / "python").exists() or not (new / "bin" / "python").exists():
-        pytest.skip("needs both environments of ci/setup.sh (.venv and .venv-fi-0.7.2.post1)")
-    return old, new
 
 
 def test_a_site_folder_side_runs_its_flashinfer_in_front(tmp_path):
