@@ -10,8 +10,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from ci import report_bounds, report_plots
+from fixtures.compare import compare
 from fixtures.implementation import load
 from fixtures.results import CaseRecord, case_records, tolerance_fields
 from reference.evidence import RAW_NIGHTLY_GREEN
@@ -131,3 +133,36 @@ def test_an_older_record_follows_the_backends_override_not_its_recipe(tmp_path):
     assert tol["faulty:scale_1e-2"]["rel_l2"] == blockwise != BF16_WEIGHTS.tolerance.rel_l2
     assert tol["reference-ep"]["bitwise"] and not BF16_WEIGHTS.tolerance.bitwise
     assert tol["pkg.not_here:factory"] is None  # a plugin this machine cannot load: no line rather than a guess
+
+
+# ---------------------------------------------------------------- the few-token bounds themselves (fixtures.compare)
+TOL = SM90_PULL_FP8_BLOCKWISE.tolerance
+
+
+def _noisy(rows: int, rel: float, seed: int = 0):
+    """A reference and an output at relative L2 ``rel`` from it, spread evenly over the rows."""
+    gen = torch.Generator().manual_seed(seed)
+    ref = torch.randn(rows, 128, generator=gen)
+    noise = torch.randn(rows, 128, generator=gen)
+    noise *= rel * ref.norm(dim=1, keepdim=True) / noise.norm(dim=1, keepdim=True)
+    return ref + noise, ref, torch.full_like(ref, 100.0)  # a term magnitude that leaves the band out of it
+
+
+def test_one_token_is_held_to_the_per_token_bound():
+    assert TOL.global_bounds(1)[0] == pytest.approx(TOL.row_rel_l2)
+    assert TOL.global_bounds(10_000)[0] == pytest.approx(TOL.rel_l2, rel=0.05)
+    rels = [TOL.global_bounds(n)[0] for n in (1, 4, 16, 64, 256)]
+    assert rels == sorted(rels, reverse=True)
+
+
+@pytest.mark.parametrize(
+    "rows, rel, ok",
+    # the H200's one-token blockwise case; the same error over a full batch; within it; one token past its own bound
+    [(1, 0.037, True), (64, 0.037, False), (64, 0.015, True), (1, 0.09, False)],
+)
+def test_the_bound_follows_the_token_count(rows, rel, ok):
+    out, ref, mag = _noisy(rows, rel)
+    verdict = compare(out, ref, mag, TOL)
+    assert verdict.ok == ok, verdict.violations
+    if not ok:
+        assert any("relative L2" in v for v in verdict.violations), verdict.violations
