@@ -1,15 +1,19 @@
 """tools/calibrate.py counts the systematic statistics it judged and the false alarms among them (the check's own rule):
-none on a correct implementation, some on a 1% scale; and it draws every routing method of the table."""
+none on a correct implementation, some on a 1% scale; it draws every routing method of reference.routing's table, which
+the routing-op descriptors (fixtures/flashinfer/routing_ops.py) implement and name from."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
 import pytest
 
 from ci import cli
+from fixtures.flashinfer.routing_ops import OPS
 from reference import routing
+from reference.routing import METHOD_TABLE
 from tools import calibrate
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
@@ -51,3 +55,14 @@ def test_a_method_added_to_the_table_is_drawn_for_calibration(monkeypatch):
     new = routing.Method("NewMethod", lambda z, b: z, lambda z, s, ids: s.gather(1, ids))
     monkeypatch.setitem(routing.METHOD_TABLE, "NewMethod", new)
     assert "NewMethod" in _drawn(4)
+
+
+# ---------------------------------------------------------------- the routing-op descriptors name the table's methods
+def test_every_method_of_the_table_is_some_ops_method():
+    covered = {m for op in OPS for m in op.methods}
+    assert set(METHOD_TABLE) <= covered, f"no routing op implements {sorted(set(METHOD_TABLE) - covered)}"
+
+
+def test_an_op_naming_a_method_the_table_lacks_is_refused():
+    with pytest.raises(ValueError, match=r"\['DeepSeekV4'\] not in reference.routing.METHOD_TABLE"):
+        dataclasses.replace(OPS[0], methods=("DeepSeekV3", "DeepSeekV4"))
