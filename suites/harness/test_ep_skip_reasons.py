@@ -1,13 +1,16 @@
 """Which EP sizes a GPU backend runs on a machine with N GPUs (patched in), and what its skip says (issue 4: on one H200
-the pull kernel shares the GPU at EP2/4/8; the push kernels skip with the reason)."""
+the pull kernel shares the GPU at EP2/4/8; the push kernels skip with the reason); where its ranks sit (a GPU per rank
+when there are enough, all on GPU 0 when the kernel may share one), told to the ranks through the pool's environment."""
 
 from __future__ import annotations
 
 import pytest
 
-from fixtures import arch
+from fixtures import arch, placement
 from fixtures.flashinfer import prerequisites
+from fixtures.flashinfer.descriptors import DESCRIPTORS
 from fixtures.implementation import load, registered_names
+from fixtures.runner import Subject
 from fixtures.selection import ep_skip_reason
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
@@ -99,3 +102,47 @@ def test_the_interleave_stand_in_lifts_the_prerequisite_by_default(gpus, monkeyp
         pytest.skip("the installed FlashInfer registers no SM90 kernel with a JIT prerequisite")
     monkeypatch.delenv("MOE_F13_TORCH_INTERLEAVE", raising=False)
     assert all(i.capabilities.prerequisite() is None for i in needing)
+
+
+# ---------------------------------------------------------------- where the ranks sit (fixtures.placement)
+SHARING = next(d.impl_name for d in DESCRIPTORS if d.arch == "sm90" and d.ranks_share_device)
+PER_RANK_ONLY = next(d.impl_name for d in DESCRIPTORS if d.arch == "sm90" and not d.ranks_share_device)
+
+
+@pytest.mark.parametrize("count", [1, 2, 4, 8])
+def test_a_gpu_per_rank_when_there_are_enough(gpus, count):
+    gpus(count)
+    for spec in (SHARING, PER_RANK_ONLY):
+        caps = load(spec).capabilities
+        for ep in (2, 4, 8):
+            want = placement.PER_RANK if ep <= count else placement.SHARED if caps.ranks_share_device else None
+            assert placement.placement(caps, ep) == want, (spec, ep, count)
+
+
+def test_ep1_keeps_the_placement_it_was_validated_with(gpus):
+    gpus(8)
+    assert placement.placement(load(SHARING).capabilities, 1) == placement.SHARED
+    assert placement.placement(load(PER_RANK_ONLY).capabilities, 1) == placement.PER_RANK
+
+
+def test_the_pool_environment_carries_the_choice(gpus):
+    gpus(2)
+    caps = load(SHARING).capabilities
+    per_rank = dict(Subject(SHARING, load(SHARING), 2).pool_key.env)
+    shared = dict(Subject(SHARING, load(SHARING), 4).pool_key.env)
+    assert per_rank[placement.ENV] == placement.PER_RANK and "MEGA_SINGLE_GPU_GLOO" not in per_rank
+    assert shared[placement.ENV] == placement.SHARED and shared["MEGA_SINGLE_GPU_GLOO"] == "1"
+    assert caps.share_env == (("MEGA_SINGLE_GPU_GLOO", "1"),)
+
+
+def test_a_rank_takes_its_gpu_from_the_environment(monkeypatch):
+    monkeypatch.setenv(placement.ENV, placement.PER_RANK)
+    assert placement.device_index(3, shares_by_default=True) == 3
+    monkeypatch.setenv(placement.ENV, placement.SHARED)
+    assert placement.device_index(3, shares_by_default=False) == 0
+    monkeypatch.delenv(placement.ENV)
+    assert placement.device_index(3, shares_by_default=True) == 0 and placement.device_index(3, False) == 3
+
+
+def test_cpu_subjects_are_placed_on_the_cpu():
+    assert placement.placement(load("reference-ep").capabilities, 4) == placement.CPU
