@@ -64,6 +64,5 @@ def test_two_runs_compare_by_cell(tmp_path):
 
 def test_a_missing_file_is_unusable_input(tmp_path):
     done = _run(tmp_path / "nothing.xml")
-    assert (
-        done.returncode == cli.INPUT and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
-    )
+    assert done.returncode == cli.INPUT and "Traceback" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -1,7 +1,6 @@
-"""ci.report against a previous run (``--baseline DIR``): ci.compare_runs' verdict heads the report and its table
-follows the matrix; ci.nightly passes its --baseline on; the report is appended to a GitHub Actions job summary;
-``--help`` lists the exit codes, and bad input is one line. The real H200 nightly
-(reference.evidence.RAW_NIGHTLY_GREEN) is the baseline; a copy with one planted failing test is the regression."""
+"""ci.report against a previous run (``--baseline DIR``, the real H200 nightly; a copy with one planted failing test is
+the regression): ci.compare_runs' verdict heads the report, its table follows the matrix; ci.nightly passes --baseline
+on; the report is appended to a job summary; ``--help`` lists the exit codes, and bad input is one line."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ _DRAWN: dict = {}  # the case records' repr -> (the folder first drawn into, its
 
 @pytest.fixture(autouse=True)
 def _plots_drawn_once(monkeypatch):
-    """The nightly's plots (~5 s of matplotlib a report) drawn once, then copied: every report here has the same case
-    records, and what this file checks is the text around them (test_report.py checks the plots)."""
+    """The nightly's plots (~5 s a report) drawn once, then copied: this file checks the text (test_report.py: plots)."""
     draw = report.plots
 
     def plots(cases: list, out: Path) -> list[Path]:
@@ -117,9 +115,8 @@ def test_the_nightly_refuses_a_baseline_that_is_no_folder_before_running_anythin
 
 
 def _run(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ci.report", *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
+    argv = [sys.executable, "-m", "ci.report", *map(str, args)]
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
 def test_help_lists_the_exit_codes():

@@ -20,11 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_printed_reproduction_runs_with_a_bare_path_and_fails_again():
     spec = "faulty:rank_zeroed"  # at EP1 its one rank is the last: every row is zero
-    scenario = Scenario(
-        LayerCase(num_experts=4, hidden=32, intermediate=16, top_k=2, capacity=8, weight_seed=1),
-        (BatchCase(tokens=(6,), seed=2),),
-        1,
-    )
+    layer = LayerCase(num_experts=4, hidden=32, intermediate=16, top_k=2, capacity=8, weight_seed=1)
+    scenario = Scenario(layer, (BatchCase(tokens=(6,), seed=2),), 1)
     with pytest.raises(ConformanceFailure) as failure:
         check_oracle(Subject(spec, load(spec), 1), scenario)
     line = next(ln for ln in str(failure.value).splitlines() if ln.strip().startswith("reproduce: "))
