@@ -24,8 +24,8 @@ CASE_TIMEOUT_S = 8  # the hung rank is detected when it runs out: a healthy case
 HUNG_TIMEOUT_S = 4
 
 
-def _scenario(ep: int) -> Scenario:
-    layer = LayerCase(num_experts=2 * ep, hidden=32, intermediate=16, top_k=2, capacity=8, weight_seed=3)
+def _scenario(ep: int, weight_seed: int = 3) -> Scenario:
+    layer = LayerCase(num_experts=2 * ep, hidden=32, intermediate=16, top_k=2, capacity=8, weight_seed=weight_seed)
     return Scenario(layer, (BatchCase(tokens=(4,) * ep, seed=1),), ep)
 
 
@@ -40,13 +40,9 @@ def test_a_hung_rank_is_named_with_its_phase_and_the_pool_recovers(ep, rank):
     pool = get_pool(subject.pool_key)
     hung_pids = [r.pid for r in pool.ranks.values()]
     started = time.monotonic()
+    hang = {"rank": rank, "phase": "forward", "action": "sleep", "seconds": 3600}
     with pytest.raises(RankFailure) as info:
-        run_scenario(
-            subject,
-            scenario,
-            timeout_s=HUNG_TIMEOUT_S,
-            inject={"rank": rank, "phase": "forward", "action": "sleep", "seconds": 3600},
-        )
+        run_scenario(subject, scenario, timeout_s=HUNG_TIMEOUT_S, inject=hang)
     elapsed = time.monotonic() - started
     message = str(info.value)
     assert re.search(f"rank {rank} \\(last phase: batch 0 (first-)?forward\\)", message), message
@@ -58,13 +54,9 @@ def test_a_hung_rank_is_named_with_its_phase_and_the_pool_recovers(ep, rank):
 def test_a_dead_rank_is_named_and_the_pool_recovers():
     subject, scenario = _subject(2), _scenario(2)
     started = time.monotonic()
+    die = {"rank": 1, "phase": "forward", "action": "exit", "code": 17}
     with pytest.raises(RankFailure) as info:
-        run_scenario(
-            subject,
-            scenario,
-            timeout_s=CASE_TIMEOUT_S,
-            inject={"rank": 1, "phase": "forward", "action": "exit", "code": 17},
-        )
+        run_scenario(subject, scenario, timeout_s=CASE_TIMEOUT_S, inject=die)
     message = str(info.value)
     assert "rank 1" in message and "died" in message and "batch 0 forward" in message, message
     assert time.monotonic() - started < REPORT_BOUND_S
@@ -73,9 +65,8 @@ def test_a_dead_rank_is_named_and_the_pool_recovers():
 
 def test_a_raising_rank_reports_its_traceback():
     subject = _subject(2)
-    bad = Scenario(
-        LayerCase(num_experts=3, hidden=32, intermediate=16, top_k=2, capacity=8), (BatchCase(tokens=(2, 2)),), 2
-    )  # 3 experts cannot be split over 2 ranks
+    layer = LayerCase(num_experts=3, hidden=32, intermediate=16, top_k=2, capacity=8)  # not split over 2 ranks
+    bad = Scenario(layer, (BatchCase(tokens=(2, 2)),), 2)
     with pytest.raises(RankFailure, match="cannot be split evenly"):
         run_scenario(subject, bad, timeout_s=CASE_TIMEOUT_S)
     check_oracle(subject, _scenario(2))
@@ -100,20 +91,18 @@ def _alive(pid: int) -> bool:
         return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def _fresh_case(ep: int, seed: int) -> dict:
-    scenario = Scenario(
-        LayerCase(num_experts=2 * ep, hidden=32, intermediate=16, top_k=2, capacity=8, weight_seed=seed),
-        (BatchCase(tokens=(4,) * ep, seed=1),),
-        ep,
-    )
-    return {"id": f"jit-{seed}", "impl": "reference-ep", "scenario": scenario.to_json()}
+def _fresh_case(ep: int, seed: int, **inject) -> dict:
+    """A case on a layer no pool has built (its own weight seed); ``inject``: what a rank does in it."""
+    case = {"id": f"jit-{seed}", "impl": "reference-ep", "scenario": _scenario(ep, seed).to_json()}
+    return {**case, "inject": inject} if inject else case
 
 
 def test_a_slow_layer_build_is_charged_to_the_jit_bound_not_the_case():
     """A first JIT build takes minutes on a fresh host: with a JIT bound, build time is not case time."""
     pool = get_pool(PoolKey(2, "gloo"))
-    slow_build = {"rank": 1, "phase": "build", "action": "sleep", "seconds": 4}
-    result = pool.run({**_fresh_case(2, 501), "inject": slow_build}, timeout_s=2, jit_timeout_s=60)
+    result = pool.run(
+        _fresh_case(2, 501, rank=1, phase="build", action="sleep", seconds=4), timeout_s=2, jit_timeout_s=60
+    )
     assert set(result) == {0, 1}
 
 
@@ -124,9 +113,7 @@ def test_a_build_past_the_jit_bound_is_reported_as_such():
     started = time.monotonic()
     with pytest.raises(RankFailure, match=r"first forward \(JIT\) ran past 3s.*rank 1 \(last phase: build\)"):
         pool.run(
-            {**_fresh_case(2, 502), "inject": {"rank": 1, "phase": "build", "action": "sleep", "seconds": 3600}},
-            timeout_s=60,
-            jit_timeout_s=3,
+            _fresh_case(2, 502, rank=1, phase="build", action="sleep", seconds=3600), timeout_s=60, jit_timeout_s=3
         )
     assert time.monotonic() - started < REPORT_BOUND_S
     _assert_gone(pids)
@@ -136,10 +123,7 @@ def test_a_build_past_the_jit_bound_is_reported_as_such():
 def test_without_a_jit_bound_a_slow_build_counts_as_case_time():
     pool = get_pool(PoolKey(2, "gloo"))
     with pytest.raises(RankFailure, match="timed out after 2s"):
-        pool.run(
-            {**_fresh_case(2, 503), "inject": {"rank": 0, "phase": "build", "action": "sleep", "seconds": 3600}},
-            timeout_s=2,
-        )
+        pool.run(_fresh_case(2, 503, rank=0, phase="build", action="sleep", seconds=3600), timeout_s=2)
 
 
 def test_closing_a_pool_leaves_no_process_behind():
