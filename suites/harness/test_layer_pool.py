@@ -39,9 +39,8 @@ def test_gpu_pool_is_two_shapes_inside_the_constraints(spec, ep):
         assert layer.hidden <= caps.max_hidden and layer.intermediate <= caps.max_intermediate
         assert layer.top_k in caps.top_k_values and layer.num_experts % ep == 0 and layer.num_experts >= layer.top_k
         assert caps.beyond_accumulation_limit(layer.hidden, layer.intermediate) is None
-    assert (wide_layer(caps, ep).hidden // caps.hidden_multiple) % 2 == 1 or wide_layer(
-        caps, ep
-    ).hidden == caps.hidden_multiple
+    wide = wide_layer(caps, ep).hidden
+    assert (wide // caps.hidden_multiple) % 2 == 1 or wide == caps.hidden_multiple
 
 
 @pytest.mark.parametrize("spec", GPU_SPECS)
@@ -51,26 +50,17 @@ def test_the_wide_layer_is_one_global_layer_at_every_ep_size(spec):
 
 
 def test_fixed_tests_reuse_the_pool_shapes():
-    """The test modules build their fixed layers from the pool's (other seeds only): read from the source, so a
-    new fixed layer of its own shape shows up here."""
+    """The test modules build their fixed layers from the pool's (other seeds only), read from the source."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    for module in (
-        "suites/conformance/test_generic.py",
-        "suites/conformance/test_ep.py",
-        "suites/flashinfer/test_gpu_faults.py",
-    ):
-        text = (root / module).read_text()
-        assert "fixed_layer(" not in text and "LayerCase(num_experts" not in text, (
-            f"{module} builds a layer of its own shape"
-        )
+    for module in ("conformance/test_generic.py", "conformance/test_ep.py", "flashinfer/test_gpu_faults.py"):
+        text = (root / "suites" / module).read_text()
+        assert "fixed_layer(" not in text and "LayerCase(num_experts" not in text, f"{module} builds its own shape"
 
 
 def test_threaded_weights_are_the_same_bits_as_one_expert_at_a_time():
-    layer = LayerCase(
-        num_experts=4, hidden=1024, intermediate=1536, top_k=2, capacity=8, weight_seed=5
-    )  # 3*H*I*E >= 2^24
+    layer = LayerCase(num_experts=4, hidden=1024, intermediate=1536, top_k=2, capacity=8, weight_seed=5)  # 3HIE >= 2^24
     w13, w2 = make_weights(layer)
     for e in range(layer.num_experts):
         one13, one2 = make_weights(layer, (e, e + 1))
@@ -87,10 +77,8 @@ def test_tile_and_wide_differ_in_shape_for_cpu_subjects():
 @pytest.mark.parametrize("spec", implementations_of({"sm90"}))
 @pytest.mark.parametrize("ep", [1, 2, 4, 8])
 def test_exact_cases_run_on_a_pool_shape(spec, ep):
-    """test_exact draws among the pooled layers whose clamp an exact case keeps (fixtures.exact_check.exact_pool),
-    so its case is a pool shape: no kernel compile of its own (on the H200 14-35 s a test with the exact clamp of
-    its own, 2-4 s on a built shape: reference.evidence.EXACT_EVERY_BACKEND). Only an implementation that cannot run unclamped brings the exact clamp, on
-    a pool layer's shape (its modules are prebuilt with it: fixtures/flashinfer/megamoe_modules.py)."""
+    """test_exact's case is a pool shape, no compile of its own (reference.evidence.EXACT_EVERY_BACKEND); only an
+    implementation that cannot run unclamped brings the exact clamp, on a pool layer's shape (prebuilt with it)."""
     assert not CHECKS["exact"].own_test, "test_exact (suites/conformance/test_generic.py) runs the exact check"
     impl = load(spec)
     caps = impl.capabilities

@@ -70,9 +70,8 @@ def test_readme_plugin_command_runs_as_printed_from_another_repository(tmp_path)
     command = lines[0].replace("<checkout>", str(ROOT)) + " -k test_matches_reference -p no:cacheprovider"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "MOE_CONFORMANCE_"))}
     env.pop("PYTHONPATH", None)
-    done = subprocess.run(
-        ["bash", "-c", command], cwd=repo, env={**env, "MOE_WORKERS": "0"}, capture_output=True, text=True, timeout=600
-    )
+    env["MOE_WORKERS"] = "0"
+    done = subprocess.run(["bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "test_matches_reference[my_kernels.plugin:factory-EP1] PASSED" in done.stdout or " passed" in done.stdout
     assert "my_kernels.plugin:factory" in done.stdout, done.stdout[-2000:]
