@@ -331,10 +331,11 @@ def installed_versions(python: Path) -> dict[str, str]:
     return json.loads(offline(python, "-c", probe, cwd=Path("/")).stdout)
 
 
-def _current(venv: Path) -> None:
+def _current(venv: Path) -> Path:
     """Marks ``venv`` installed after its inputs changed: ci/setup.sh builds nothing there."""
     (venv / ".moe-installed").touch()
     os.utime(venv / ".moe-installed", (time.time() + 3600,) * 2)
+    return venv
 
 
 @pytest.fixture
@@ -377,9 +378,8 @@ def _pinned(constraints: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("flashinfer", ["editable", "none", "broken"])
 def test_setup_tests_the_active_environment_adding_only_its_missing_test_tools(setup_in, tmp_path, flashinfer):
-    """The python3 on PATH has torch: setup prints it, installs the two missing [test] requirements at CI's pins
-    and nothing else, with torch and flashinfer-python pinned at what is installed (or forbidden where absent);
-    a FlashInfer that is absent or does not import is reported, never installed."""
+    """The python3 on PATH has torch: setup prints it and installs only the missing [test] requirements at CI's pins,
+    torch and FlashInfer pinned as installed (or forbidden); a FlashInfer absent or not importing is reported."""
     python = user_environment(tmp_path / "user", flashinfer=flashinfer)
     before = installed_versions(python)
     done, calls = setup_in(python)
@@ -413,24 +413,20 @@ def test_setup_tests_the_active_environment_adding_only_its_missing_test_tools(s
 
 @pytest.mark.parametrize("case", ["no torch", "MOE_USE_VENV=1", "checkout's own .venv"])
 def test_setup_makes_the_venv_where_the_active_python_has_no_torch_or_when_asked(setup_in, tmp_path, case):
-    """The .venv path (MOE_VENV, here a stub whose marker is current, so nothing is built): the python3 on PATH has
-    no torch, or MOE_USE_VENV=1 asks for it, or that python3 is the checkout's own .venv; the user's pip is never
-    called."""
+    """The .venv path (MOE_VENV, a stub whose marker is current): for a python3 without torch, with MOE_USE_VENV=1 or
+    that is the checkout's own .venv; the user's pip is never called."""
     python = user_environment(tmp_path / "user", torch=case != "no torch")
-    variables = {"MOE_OTHER_FLASHINFER": ""}
-    if case == "MOE_USE_VENV=1":
-        variables["MOE_USE_VENV"] = "1"
+    variables = {"MOE_OTHER_FLASHINFER": "", **({"MOE_USE_VENV": "1"} if case == "MOE_USE_VENV=1" else {})}
     if case == "checkout's own .venv":
-        variables["MOE_VENV"] = str(python.parent.parent)
-        _current(python.parent.parent)
+        variables["MOE_VENV"] = str(_current(python.parent.parent))
     done, calls = setup_in(python, **variables)
     venv_python = Path(variables.get("MOE_VENV", setup_in.stub.parent.parent)) / "bin" / "python"
     assert done.returncode == 0 and done.stdout.strip() == str(venv_python), (done.stdout, done.stderr)
     why = {
         "no torch": "the python3 on PATH has no torch",
-        "MOE_USE_VENV=1": "MOE_USE_VENV=1",
         "checkout's own .venv": "the python3 on PATH is this checkout's",
-    }[case]
+    }
+    why = why.get(case, case)
     assert f"using {venv_python} ({why}" in done.stderr, done.stderr
     assert calls == [], calls
 
@@ -469,11 +465,8 @@ def test_gpu_env_sh_is_second_to_an_active_environment_with_torch(setup_in, tmp_
 def test_the_header_names_where_torch_and_flashinfer_are_loaded_from(pytestconfig):
     import torch
 
-    lines = [
-        line
-        for group in pytestconfig.hook.pytest_report_header(config=pytestconfig, start_path=pytestconfig.rootpath)
-        for line in (group if isinstance(group, list) else [group])
-    ]
+    groups = pytestconfig.hook.pytest_report_header(config=pytestconfig, start_path=pytestconfig.rootpath)
+    lines = [line for group in groups for line in (group if isinstance(group, list) else [group])]
     torch_line = f"under test: torch {md.version('torch')} at {Path(torch.__file__).resolve().parent} ("
     assert any(line.startswith(torch_line) for line in lines), lines
     try:
@@ -491,14 +484,8 @@ def test_the_header_shows_a_source_build_of_flashinfer_without_importing_it(tmp_
     checkout and the editable install, and the header did not import it."""
     python = user_environment(tmp_path / "user", flashinfer="broken")
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    done = subprocess.run(
-        [str(python), "-m", "fixtures.environment_report"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    argv = [str(python), "-m", "fixtures.environment_report"]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     checkout = tmp_path / "user-flashinfer"
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
