@@ -63,8 +63,7 @@ def test_a_rank_that_closes_a_model_layer_gives_its_cached_gpu_memory_back(monke
 
 @pytest.fixture
 def ahead(monkeypatch, tmp_path):
-    """A scheduler of the test's own (the session's host) whose pools start ahead, every subject warming; records go
-    to ``tmp_path``."""
+    """A scheduler of the test's own whose pools start ahead, every subject warming; records go to ``tmp_path``."""
     monkeypatch.setenv("MOE_POOL_PREFETCH", "1")
     monkeypatch.setenv("MOE_POOL_WARMUP", "1")
     kept = results._DIR
@@ -108,9 +107,7 @@ def test_a_pool_started_ahead_builds_its_layers_before_its_first_case(ahead, tmp
         assert w["ok"] and w["why"] == "", w
         assert w["cases"] == len(layer_pool(subject.caps, subject.ep_size)) == w["layers_built"] == 2, w
     assert all(r.warming == 0 for r in ahead.pools[s2.pool_key].ranks.values())
-    assert run.layers_built == 1 and run.layer_calls_before == 0, (
-        "the test's own layer has no warm batch in its history"
-    )
+    assert run.layers_built == 1 and run.layer_calls_before == 0, "the test's own layer has a warm batch in its history"
 
 
 def test_a_warm_up_that_raises_is_given_up_and_the_case_runs(ahead, tmp_path, capfd):
@@ -151,8 +148,7 @@ def test_a_warm_batch_that_cannot_be_checked_is_given_up_not_failed(ahead, tmp_p
 
 
 def test_a_tests_own_pools_leave_the_sessions_alone(ahead, tmp_path):
-    """``ahead`` stands for the session's scheduler: a test's own, installed inside it, starts its pools afresh, and
-    the outer one's pools (alive, their warm-ups going on) and upcoming list come back after it."""
+    """A test's own scheduler inside the session's (``ahead``) starts its pools afresh; the outer pools and list stay."""
     s1, s2 = _subject(1), _subject(2)
     ahead.set_upcoming([s1.pool_key], warmup.warm_cases([s1]))
     ahead.start_first()
@@ -193,9 +189,8 @@ def test_nothing_starts_at_collection_without_layers_to_build_or_without_prefetc
         own.start_first()
         assert s1.pool_key not in own.pools, "no warm-up: the first pool starts with its first case, as before"
         monkeypatch.setenv("MOE_POOL_PREFETCH", "0")
-        own.set_upcoming(
-            [s1.pool_key], {s1.pool_key: ({"id": "x", "impl": "reference-ep", "scenario": _case(1).to_json()},)}
-        )
+        case = {"id": "x", "impl": "reference-ep", "scenario": _case(1).to_json()}
+        own.set_upcoming([s1.pool_key], {s1.pool_key: (case,)})
         own.start_first()
         assert s1.pool_key not in own.pools
 
@@ -254,8 +249,7 @@ def test_without_prefetch_nothing_starts_ahead(monkeypatch):
 
 
 def test_pools_start_ahead_as_far_as_the_spare_cores_allow():
-    """The next pool always; those after it while their ranks fit the usable cores beyond the pytest process's and
-    the pool in use's (``KEPT_CORES``)."""
+    """The next pool always; those after it while their ranks fit the usable cores beyond ``KEPT_CORES``."""
     keys = [PoolKey(1, tag="a"), PoolKey(1, tag="b"), PoolKey(2, tag="a"), PoolKey(8, tag="a")]
     none_spare = Scheduler(Host(cores=KEPT_CORES))
     none_spare.set_upcoming(keys)
@@ -274,8 +268,7 @@ def test_pools_start_ahead_as_far_as_the_spare_cores_allow():
     [(3, ("at EP1", "larger"), 2), (2, ("at EP1", "larger"), 2), (1, ("at EP1", "larger"), 1), (3, ("at EP1",), 1)],
 )
 def test_workers_that_start_pools_share_the_spare_cores(workers, groups, owners):
-    """In a GPU host's grouped run each group of rank-pool tests with pools has a worker that starts them ahead: those
-    workers share the cores beyond ``KEPT_CORES``, at most one share a worker."""
+    """In a GPU host's grouped run the workers that start pools ahead share the cores beyond ``KEPT_CORES``."""
     grouped = Scheduler(Host(cores=16, gpu=True, worker="gw0", workers=workers, loadgroup=True))
     grouped.set_upcoming([], by_group={**{g: [PoolKey(1, tag=g)] for g in groups}, "empty": []})
     assert grouped.ahead_ranks() == (16 - KEPT_CORES) // owners
@@ -284,8 +277,7 @@ def test_workers_that_start_pools_share_the_spare_cores(workers, groups, owners)
 
 
 def test_a_worker_starts_ahead_the_pools_of_the_group_it_runs():
-    """Before its first test of a group it has none upcoming, and then its group's, in the group's order; the session's
-    order (every group's pools) would start the other worker's pools ahead here too."""
+    """None upcoming before its first test of a group, then its group's pools in order (never the other worker's)."""
     ep1, ep2, ep4 = PoolKey(1, tag="a"), PoolKey(2, tag="a"), PoolKey(4, tag="a")
     session = current()
     before = session.owned, dict(session.by_group), list(session.upcoming)
