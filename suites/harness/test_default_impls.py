@@ -95,5 +95,5 @@ def test_an_impl_whose_every_test_skips_is_nothing_tested_though_others_passed()
 
 
 def test_a_run_that_tests_something_keeps_its_status():
-    done = _pytest("suites/harness/test_host_threads.py", "-k", "override")
+    done = _pytest("suites/harness/test_workers.py", "-k", "override")
     assert done.returncode == cli.OK and not _verdict(done), done.stdout[-2000:]

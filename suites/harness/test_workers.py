@@ -1,5 +1,6 @@
 """ci/workers.py: how many pytest-xdist workers ci/test.sh uses (auto: a worker per core up to 2 without a GPU, three
-on a GPU host, one in a run a test starts; MOE_WORKERS=N), and how rank pools spread over workers."""
+on a GPU host, one in a run a test starts; MOE_WORKERS=N), how rank pools spread over workers, and the pytest process's
+CPU threads beside them (fixtures.host_threads)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from hypothesis import strategies as st
 
 from ci import cli
 from fixtures import spread
-from fixtures.scheduler import Host, Scheduler
+from fixtures.host_threads import TORCH_DEFAULT, host_threads
 from fixtures.pool_order import ALL_POOLS_GROUP, EP1_GROUP, LARGER_EP_GROUP, pool_group
+from fixtures.scheduler import Host, Scheduler
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +94,7 @@ def test_both_commands_spread_unless_the_arguments_need_one_process(setting, arg
         env.pop(name, None)
     env.pop("CI", None)
     # a real run of one quick test: under --co xdist starts no worker
-    quick = ["suites/harness/test_host_threads.py", "-k", "override", "-p", "no:cacheprovider", *args]
+    quick = ["suites/harness/test_workers.py", "-k", "override", "-p", "no:cacheprovider", *args]
     commands = [["bash", "ci/test.sh", *quick]] + ([[sys.executable, "-m", "pytest", *quick]] if plain_too else [])
     runs = [subprocess.run(line, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300) for line in commands]
     spreads = not args and spread.sized(spread.usable_cores(), spread.has_gpu()) > 0
@@ -250,3 +252,30 @@ def test_a_child_pytest_forgets_the_worker_it_inherited():
     assert not forget_inherited_worker(SimpleNamespace(workerinput={}), worker) and list(worker) == [
         "PYTEST_XDIST_WORKER"
     ]
+
+
+# ---------------------------------------------------------------- fixtures.host_threads: the pytest process's CPU threads beside GPU rank pools
+@pytest.mark.parametrize("cores, want", [(16, 4), (32, 8), (128, 8), (8, 1), (2, 1)])
+def test_a_gpu_host_keeps_to_the_cores_the_largest_pool_leaves(monkeypatch, cores, want):
+    monkeypatch.delenv("MOE_HOST_THREADS", raising=False)
+    assert host_threads(cores, gpu_host=True) == want
+
+
+def test_a_cpu_machine_keeps_torchs_default(monkeypatch):
+    monkeypatch.delenv("MOE_HOST_THREADS", raising=False)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)
+    assert host_threads(64, gpu_host=False) == TORCH_DEFAULT
+
+
+@pytest.mark.parametrize("workers, default, want", [("2", 2, 1), ("2", 16, 8), ("3", 16, 5), ("4", 2, 1)])
+def test_xdist_workers_on_a_cpu_machine_share_torchs_default(monkeypatch, workers, default, want):
+    """Two workers at two threads each on 2 cores spent 18 min of CPU time where one process spent 11."""
+    monkeypatch.delenv("MOE_HOST_THREADS", raising=False)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", workers)
+    monkeypatch.setattr("fixtures.host_threads.TORCH_DEFAULT", default)
+    assert host_threads(64, gpu_host=False) == want
+
+
+def test_the_override_wins(monkeypatch):
+    monkeypatch.setenv("MOE_HOST_THREADS", "3")
+    assert host_threads(16, gpu_host=True) == 3 and host_threads(2, gpu_host=False) == 3
