@@ -1,6 +1,7 @@
-"""How a subject spends its layers: the fixed tests run on the subject's two pool layers (a GPU layer of a new
-shape costs a kernel compile in every rank, one of the same shape with other weights costs nothing), and the
-weights of a large layer, drawn on threads, are the same bits as one expert at a time."""
+"""What the tests draw and build: the fixed tests run on the subject's two pool layers (a GPU layer of a new shape costs
+a kernel compile in every rank, one of the same shape with other weights nothing), a large layer's weights drawn on
+threads are the same bits as one expert at a time, hypothesis's first (simplest) scenario is a busy batch, and a
+pattern that cannot apply is refused."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import dataclasses
 
 import pytest
 import torch
+from hypothesis import Phase, given, settings
 
 from fixtures.checks import CHECKS  # before fixtures.exact_check, which registers itself in it
 from fixtures.exact_check import exact_pool, exact_scenario, keeps_clamp
@@ -17,6 +19,7 @@ from fixtures.implementation import load
 from fixtures.problem import BatchCase, LayerCase, Scenario, make_weights
 from fixtures.runner import Subject
 from fixtures.selection import implementations_of
+from fixtures.strategies import scenarios
 from reference import exact_cases
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
@@ -95,3 +98,29 @@ def test_exact_cases_run_on_a_pool_shape(spec, ep):
         else:
             assert caps.clamp_when_none is not None and case.clamp_limit == exact_cases.CLAMP
             assert _shape(case)[:5] in {_shape(p)[:5] for p in pool}
+
+
+# ---------------------------------------------------------------- the first drawn scenario, and patterns that cannot apply
+@pytest.mark.parametrize("ep", [1, 2, 4])
+def test_the_first_drawn_scenario_is_busy(ep):
+    caps = load("reference-ep").capabilities
+    first = []
+
+    @settings(max_examples=1, phases=[Phase.generate], database=None, derandomize=True)
+    @given(scenarios(caps, ep))
+    def draw(scenario):
+        first.append(scenario)
+
+    draw()
+    tokens = [b.tokens for b in first[0].batches]
+    assert all(sum(t) > 0 for t in tokens), f"first example at EP{ep} has an idle batch: {tokens}"
+
+
+def test_a_pattern_that_cannot_apply_is_refused_not_ignored():
+    """all_remote at EP1 used to leave the batch random, silently: now the problem builder says why."""
+    from fixtures.problem import BatchCase, LayerCase, make_batch
+
+    layer = LayerCase(num_experts=4, hidden=64, intermediate=64, top_k=2, capacity=8)
+    with pytest.raises(ValueError, match="needs EP > 1"):
+        make_batch(layer, BatchCase(tokens=(4,), pattern="all_remote"), 1)
+    assert make_batch(layer, BatchCase(tokens=(2, 2), pattern="all_remote"), 2).topk_ids.shape == (4, 2)
