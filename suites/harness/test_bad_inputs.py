@@ -104,6 +104,14 @@ ROWS = [
     ("upgrade-check-no-such-environment", "ci.upgrade_check 0.7.4 {tmp}/nowhere", IN, "not a version, and no such"),
     ("nightly-unknown-arch", NIGHT + " --arch sm91", IN, "--arch sm91: expected one of sm90, sm100"),
     ("nightly-that-runs-no-test", NO_TEST, cli.NOTHING_TESTED, "RED: no test ran"),
+    ("report-missing-folder", "ci.report {tmp}/gone", IN, "does not exist"),
+    ("report-empty-folder", "ci.report {tmp}/empty", IN, "holds no results"),
+    ("report-malformed-record", "ci.report {tmp}/r", IN, "is malformed"),
+    ("time-budget-missing-folder", "ci.time_budget {tmp}/run", IN, "does not exist; give a results folder"),
+    ("time-budget-empty-folder", "ci.time_budget {tmp}/run", cli.NOTHING_TESTED, "no test times"),
+    ("time-budget-malformed-record", "ci.time_budget {tmp}/run", IN, "holds a malformed record or JUnit file"),
+    ("time-budget-record-lacking-a-field", "ci.time_budget {tmp}/run", IN, "holds a malformed record or JUnit file"),
+    ("outcomes-missing-file", "ci.outcomes {tmp}/nothing.xml", IN, "cannot read a JUnit file"),
 ]
 FILES = {  # what a row writes under the test's folder first
     "compare-malformed-record": {"a/cases-main.jsonl": '{"impl": \n'},
@@ -115,6 +123,11 @@ FILES = {  # what a row writes under the test's folder first
     "gate-url-where-nothing-listens": {"g.yaml": ONE_URL},
     "gate-server-refuses-requests": {"g.yaml": _servers("{name: b, url: '{url}'}")},
     "api-diff-not-a-snapshot": {"a.json": "{}"},
+    "report-empty-folder": {"empty/": ""},  # a name ending in "/": a folder
+    "report-malformed-record": {"r/cases-main.jsonl": "{not json\n"},
+    "time-budget-empty-folder": {"run/": ""},
+    "time-budget-malformed-record": {"run/tests-main.jsonl": '{"time": 1, "impl": \n'},
+    "time-budget-record-lacking-a-field": {"run/tests-main.jsonl": '{"time": 1}\n'},
 }
 # the most seconds a row may take: 60, 120 for the commands that start pytest or load an implementation
 SECONDS = {"gate-url-where-nothing-listens": 40, "gate-server-refuses-requests": 40, "nightly-that-runs-no-test": 300}
@@ -128,8 +141,10 @@ def test_a_bad_input_gets_its_own_exit_code_and_one_line(name, argv, code, says,
         return text.replace("{tmp}", str(tmp_path)).replace("{url}", refusing)
 
     for path, text in FILES.get(name, {}).items():
-        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / path).write_text(fill(text))
+        folder = (tmp_path / path) if path.endswith("/") else (tmp_path / path).parent
+        folder.mkdir(parents=True, exist_ok=True)
+        if not path.endswith("/"):
+            (tmp_path / path).write_text(fill(text))
     argv = [fill(arg) for arg in argv.split()]
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=seconds + 60)

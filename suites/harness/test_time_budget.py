@@ -12,7 +12,7 @@ from xml.etree import ElementTree
 
 import pytest
 
-from ci import cli, compare_runs, time_budget
+from ci import compare_runs, time_budget
 from ci.time_budget import PARTS, compiles
 from fixtures.results import records
 from reference.evidence import RAW_NIGHTLY_GREEN, RAW_RESTRUCTURE_UNCHANGED
@@ -213,27 +213,6 @@ def test_compare_runs_warns_of_a_grown_budget_and_stays_green(tmp_path, capsys):
 def test_two_clean_h200_runs_warn_of_nothing_in_either_order():
     nightly, restructured = ROOT / RAW_NIGHTLY_GREEN / "night", ROOT / RAW_RESTRUCTURE_UNCHANGED
     assert time_budget.growth(nightly, restructured) == [] and time_budget.growth(restructured, nightly) == []
-
-
-@pytest.mark.parametrize(
-    "files, code, says",
-    [
-        (None, cli.INPUT, "does not exist; give a results folder"),
-        ({}, cli.NOTHING_TESTED, "no test times"),
-        ({"tests-main.jsonl": '{"time": 1, "impl": \n'}, cli.INPUT, "holds a malformed record or JUnit file"),
-        ({"tests-main.jsonl": '{"time": 1}\n'}, cli.INPUT, "holds a malformed record or JUnit file"),
-    ],
-)
-def test_an_unusable_folder_gets_one_line_and_its_exit_code(tmp_path, files, code, says):
-    folder = tmp_path / "run"
-    if files is not None:
-        folder.mkdir()
-    for name, text in (files or {}).items():
-        (folder / name).write_text(text)
-    out = subprocess.run(
-        [sys.executable, "-m", "ci.time_budget", str(folder)], cwd=ROOT, capture_output=True, text=True
-    )
-    assert out.returncode == code and says in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
 
 
 def test_markdown_table_for_the_report():
