@@ -1,4 +1,6 @@
-"""The rank pool never hangs: a hung, dead or raising rank becomes a clear failure, and the pool recovers."""
+"""The rank pool never hangs: a hung, dead or raising rank becomes a clear failure, and the pool recovers. And an
+EP-dependent recipe through its ranks: reference.ep under the SM90 push kernel's recipe (combine grouped by owner rank)
+equals the oracle bit for bit at EP2 and EP4, and at EP1 differs by about one fp8 wire rounding."""
 
 from __future__ import annotations
 
@@ -9,14 +11,16 @@ import time
 import pytest
 
 from fixtures.checks import check_oracle
+from fixtures.compare import relative_l2
 from fixtures.dist.pool import PoolKey, RankFailure
 from fixtures.implementation import load
+from fixtures.oracle import expected
 from fixtures.problem import BatchCase, LayerCase, Scenario
 from fixtures.runner import Subject, run_scenario
 from fixtures.scheduler import get_pool
+from reference.recipes import SM90_PUSH_FP8
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu, pytest.mark.ep]
-
 REPORT_BOUND_S = 120  # DEVELOPERS.md / issue: a hung or dead rank is reported within 2 minutes
 CASE_TIMEOUT_S = 8  # the hung rank is detected when it runs out: a healthy case here takes well under a second
 # the hung-rank test waits this out in full; its pool is warm and its layer built, so the hung rank is in its
@@ -148,3 +152,28 @@ def test_ranks_run_below_the_pytest_process_priority():
     niceness = {rank: os.getpriority(os.PRIO_PROCESS, r.pid) for rank, r in pool.ranks.items()}
     nice = settings.RANK_NICE.get()
     assert nice > 0 and niceness == {rank: min(19, ours + nice) for rank in pool.ranks}, niceness
+
+
+# ---------------------------------------------------------------- an EP-dependent recipe through torch.distributed (reference.ep, SM90 push recipe)
+SPEC = f"reference-ep[{SM90_PUSH_FP8.name}]"
+LAYER = LayerCase(num_experts=8, hidden=128, intermediate=128, top_k=4, capacity=8, weight_seed=5)
+
+
+def _grouped_scenario(ep: int) -> Scenario:
+    tokens = (8 // ep,) * ep
+    return Scenario(LAYER, (BatchCase(tokens, seed=3), BatchCase(tokens, seed=4, pattern="cross_rank")), ep)
+
+
+@pytest.mark.parametrize("ep", [2, 4])
+def test_reference_ep_matches_the_grouped_oracle_bitwise(ep):
+    subject = Subject(SPEC, load(SPEC), ep)
+    assert subject.caps.effective_tolerance.bitwise
+    check_oracle(subject, _grouped_scenario(ep))
+
+
+def test_the_grouped_recipe_depends_on_the_ep_size():
+    """The same global batch (the random one: cross_rank's routing depends on the EP size itself)."""
+    one, four = (
+        expected(Scenario(LAYER, _grouped_scenario(ep).batches[:1], ep), SM90_PUSH_FP8)[0].ref for ep in (1, 4)
+    )
+    assert 0.005 < relative_l2(four, one) < SM90_PUSH_FP8.regroup_tolerance.rel_l2
