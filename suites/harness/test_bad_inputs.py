@@ -1,10 +1,18 @@
 """The mistakes people make with the ``python -m ci.*`` commands, run as they would run them: each gets its own exit
-code (ci/cli.py: 4 unusable input, 6 could not complete, 5 nothing tested; never 0 and never a verdict's 1) and
-one line on stderr that says what was wrong, with no traceback. The rows of issue 27's table, and their kin."""
+code (ci/cli.py: 4 unusable input, 6 could not complete, 5 nothing tested; never 0 and never a verdict's 1) and one
+line on stderr that says what was wrong, with no traceback (the rows of issue 27's table, and their kin). And one
+exit-code table for every command (ci.cli.EXIT_CODES): each ``python -m`` command of ci/, tools/ and gates/ (found by
+its ``main`` and ``__main__`` block, called in this process) lists in its ``--help`` every code it returns, with the
+table's meaning, and a bad argument is exit 4 with one line on stderr."""
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import importlib
+import io
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -25,7 +33,7 @@ NOBODY = "http://127.0.0.1:9"  # the discard port: nothing listens there
 
 
 def _scenario(**batch) -> str:
-    return json.dumps({"layer": LAYER, "ep_size": 1, "batches": [{"tokens": [4], **batch}]})
+    return json.dumps({"layer": LAYER, "ep_size": 1, "batches": [{"tokens": [4], **batch}]}, separators=(",", ":"))
 
 
 def _servers(base: str, cand: str = f"{{name: c, url: '{NOBODY}'}}") -> str:
@@ -62,166 +70,82 @@ def refusing(request):
     server.server_close()
 
 
-# (id, argv, files to write under the test's folder, exit code, what the one line on stderr says, the most seconds
-# it may take); in argv and files, {tmp} is the test's folder and {url} the refusing server
+GATE_YAML, ONE_URL, IN = "ci.gsm8k_gate {tmp}/g.yaml", _servers(f"{{name: b, url: '{NOBODY}'}}"), cli.INPUT
+GATE_OUT, INC, NIGHT = GATE_YAML + " --out {tmp}/out", cli.INCOMPLETE, "ci.nightly --no-latency --out {tmp}/night"
+REPRO = "ci.repro --impl reference-ep --scenario "  # the scenarios' JSON holds no space
+# one file for its pytest phase to collect, whose every test -k deselects (collecting the whole suite: +7 s)
+NO_TEST = NIGHT + " --arch cpu -- suites/harness/test_bad_inputs.py -k no_test_is_named_so"
+# (id, argv split at spaces, exit code, what the one line on stderr says); {tmp} is the test's folder,
+# {url} the refusing server
 ROWS = [
-    ("compare-missing-folder", ["ci.compare_runs", "{tmp}/nowhere", "{tmp}"], {}, cli.INPUT, "incomparable", 60),
-    (
-        "compare-malformed-record",
-        ["ci.compare_runs", "{tmp}/a", "{tmp}/a"],
-        {"a/cases-main.jsonl": '{"impl": \n'},
-        cli.INPUT,
-        "a/cases-main.jsonl line 1 is malformed",
-        60,
-    ),
-    ("compare-no-arguments", ["ci.compare_runs"], {}, cli.INPUT, "give OLD and NEW", 60),
-    ("gate-missing-config", ["ci.gsm8k_gate", "{tmp}/none.yaml"], {}, cli.INPUT, "cannot read the config", 60),
-    (
-        "gate-malformed-config",
-        ["ci.gsm8k_gate", "{tmp}/g.yaml"],
-        {"g.yaml": "model: [\n"},
-        cli.INPUT,
-        "not valid YAML",
-        60,
-    ),
-    (
-        "gate-incomplete-config",
-        ["ci.gsm8k_gate", "{tmp}/g.yaml"],
-        {"g.yaml": GATE},
-        cli.INPUT,
-        "'baseline' is a required property; required: model, recipe, baseline, candidate",
-        60,
-    ),
-    (
-        "gate-misspelt-key",
-        ["ci.gsm8k_gate", "{tmp}/g.yaml"],
-        {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}'}}") + "client: {concurency: 4}\n"},
-        cli.INPUT,
-        "'concurency' was unexpected); accepted: mode,",
-        60,
-    ),
-    (
-        "gate-server-both-command-and-url",
-        ["ci.gsm8k_gate", "{tmp}/g.yaml"],
-        {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}', command: 'vllm serve'}}")},
-        cli.INPUT,
-        "baseline: give exactly one of command",
-        60,
-    ),
-    (
-        "gate-unknown-recipe",
-        ["ci.gsm8k_gate", "{tmp}/g.yaml"],
-        {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}'}}").replace("vllm", "vlm")},
-        cli.INPUT,
-        "'vlm' is not one of",
-        60,
-    ),
+    ("compare-missing-folder", "ci.compare_runs {tmp}/nowhere {tmp}", IN, "incomparable"),
+    ("compare-malformed-record", "ci.compare_runs {tmp}/a {tmp}/a", IN, "a/cases-main.jsonl line 1 is malformed"),
+    ("compare-no-arguments", "ci.compare_runs", IN, "give OLD and NEW"),
+    ("gate-missing-config", "ci.gsm8k_gate {tmp}/none.yaml", IN, "cannot read the config"),
+    ("gate-malformed-config", GATE_YAML, IN, "not valid YAML"),
+    ("gate-incomplete-config", GATE_YAML, IN, "'baseline' is a required property; required: model, recipe, baseline"),
+    ("gate-misspelt-key", GATE_YAML, IN, "'concurency' was unexpected); accepted: mode,"),
+    ("gate-server-both-command-and-url", GATE_YAML, IN, "baseline: give exactly one of command"),
+    ("gate-unknown-recipe", GATE_YAML, IN, "'vlm' is not one of"),
     # the default health_timeout_s: seconds, not startup_timeout_s's 1800
-    (
-        "gate-url-where-nothing-listens",
-        ["ci.gsm8k_gate", "{tmp}/g.yaml", "--out", "{tmp}/out"],
-        {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}'}}")},
-        cli.INCOMPLETE,
-        "did not answer 200 within 10 s",
-        40,
-    ),
-    (
-        "gate-server-refuses-requests",
-        ["ci.gsm8k_gate", "{tmp}/g.yaml", "--out", "{tmp}/out"],
-        {"g.yaml": _servers("{name: b, url: '{url}'}")},
-        cli.INCOMPLETE,
-        "refused a completion request: HTTP 404",
-        40,
-    ),
-    (
-        "repro-malformed-json",
-        ["ci.repro", "--impl", "reference-ep", "--scenario", '{"batches": ['],
-        {},
-        cli.INPUT,
-        "--scenario is not JSON",
-        120,
-    ),
-    (
-        "repro-negative-tokens",
-        ["ci.repro", "--impl", "reference-ep", "--scenario", _scenario(tokens=[-5])],
-        {},
-        cli.INPUT,
-        "batches/0/tokens/0: -5 is less than the minimum of 0",
-        120,
-    ),
+    ("gate-url-where-nothing-listens", GATE_OUT, INC, "did not answer 200 within 10 s"),
+    ("gate-server-refuses-requests", GATE_OUT, INC, "refused a completion request: HTTP 404"),
+    ("repro-malformed-json", REPRO + '{"batches":[', IN, "--scenario is not JSON"),
+    ("repro-negative-tokens", REPRO + _scenario(tokens=[-5]), IN, "tokens/0: -5 is less than the minimum of 0"),
     (
         "repro-unknown-implementation",
-        ["ci.repro", "--impl", "nonexistent", "--scenario", _scenario()],
-        {},
-        cli.INPUT,
+        REPRO.replace("reference-ep", "nonexistent") + _scenario(),
+        IN,
         "unknown implementation 'nonexistent'",
-        120,
     ),
-    ("routing-repro-malformed-json", ["ci.repro_routing", "{"], {}, cli.INPUT, "the case is not JSON", 120),
-    (
-        "backends-unknown-arch",
-        ["ci.backends", "sm91"],
-        {},
-        cli.INPUT,
-        "unknown arch sm91; known arches: sm90, sm100",
-        60,
-    ),
-    (
-        "api-diff-not-a-snapshot",
-        ["ci.api_diff", "{tmp}/a.json", "{tmp}/a.json"],
-        {"a.json": "{}"},
-        cli.INPUT,
-        "is not an API snapshot",
-        60,
-    ),
-    (
-        "upgrade-check-no-such-environment",
-        ["ci.upgrade_check", "0.7.4", "{tmp}/nowhere"],
-        {},
-        cli.INPUT,
-        "not a version, and no such folder; give a FlashInfer version",
-        60,
-    ),
-    (
-        "nightly-unknown-arch",
-        ["ci.nightly", "--arch", "sm91", "--no-latency", "--out", "{tmp}/night"],
-        {},
-        cli.INPUT,
-        "--arch sm91: expected one of sm90, sm100",
-        120,
-    ),
-    # one file for its pytest phase to collect, whose every test -k deselects (collecting the whole suite: +7 s)
-    (
-        "nightly-that-runs-no-test",
-        [
-            "ci.nightly",
-            "--arch",
-            "cpu",
-            "--no-latency",
-            "--out",
-            "{tmp}/night",
-            "--",
-            "suites/harness/test_bad_inputs.py",
-            "-k",
-            "no_test_is_named_so",
-        ],
-        {},
-        cli.NOTHING_TESTED,
-        "RED: no test ran",
-        300,
-    ),
+    ("routing-repro-malformed-json", "ci.repro_routing {", IN, "the case is not JSON"),
+    ("backends-unknown-arch", "ci.backends sm91", IN, "unknown arch sm91; known arches: sm90, sm100"),
+    ("api-diff-not-a-snapshot", "ci.api_diff {tmp}/a.json {tmp}/a.json", IN, "is not an API snapshot"),
+    ("upgrade-check-no-such-environment", "ci.upgrade_check 0.7.4 {tmp}/nowhere", IN, "not a version, and no such"),
+    ("nightly-unknown-arch", NIGHT + " --arch sm91", IN, "--arch sm91: expected one of sm90, sm100"),
+    ("nightly-that-runs-no-test", NO_TEST, cli.NOTHING_TESTED, "RED: no test ran"),
+    ("report-missing-folder", "ci.report {tmp}/gone", IN, "does not exist"),
+    ("report-empty-folder", "ci.report {tmp}/empty", IN, "holds no results"),
+    ("report-malformed-record", "ci.report {tmp}/r", IN, "is malformed"),
+    ("time-budget-missing-folder", "ci.time_budget {tmp}/run", IN, "does not exist; give a results folder"),
+    ("time-budget-empty-folder", "ci.time_budget {tmp}/run", cli.NOTHING_TESTED, "no test times"),
+    ("time-budget-malformed-record", "ci.time_budget {tmp}/run", IN, "holds a malformed record or JUnit file"),
+    ("time-budget-record-lacking-a-field", "ci.time_budget {tmp}/run", IN, "holds a malformed record or JUnit file"),
+    ("outcomes-missing-file", "ci.outcomes {tmp}/nothing.xml", IN, "cannot read a JUnit file"),
 ]
+FILES = {  # what a row writes under the test's folder first
+    "compare-malformed-record": {"a/cases-main.jsonl": '{"impl": \n'},
+    "gate-malformed-config": {"g.yaml": "model: [\n"},
+    "gate-incomplete-config": {"g.yaml": GATE},
+    "gate-misspelt-key": {"g.yaml": ONE_URL + "client: {concurency: 4}\n"},
+    "gate-server-both-command-and-url": {"g.yaml": _servers(f"{{name: b, url: '{NOBODY}', command: 'vllm serve'}}")},
+    "gate-unknown-recipe": {"g.yaml": ONE_URL.replace("vllm", "vlm")},
+    "gate-url-where-nothing-listens": {"g.yaml": ONE_URL},
+    "gate-server-refuses-requests": {"g.yaml": _servers("{name: b, url: '{url}'}")},
+    "api-diff-not-a-snapshot": {"a.json": "{}"},
+    "report-empty-folder": {"empty/": ""},  # a name ending in "/": a folder
+    "report-malformed-record": {"r/cases-main.jsonl": "{not json\n"},
+    "time-budget-empty-folder": {"run/": ""},
+    "time-budget-malformed-record": {"run/tests-main.jsonl": '{"time": 1, "impl": \n'},
+    "time-budget-record-lacking-a-field": {"run/tests-main.jsonl": '{"time": 1}\n'},
+}
+# the most seconds a row may take: 60, 120 for the commands that start pytest or load an implementation
+SECONDS = {"gate-url-where-nothing-listens": 40, "gate-server-refuses-requests": 40, "nightly-that-runs-no-test": 300}
 
 
-@pytest.mark.parametrize("argv, files, code, says, seconds", [pytest.param(*row[1:], id=row[0]) for row in ROWS])
-def test_a_bad_input_gets_its_own_exit_code_and_one_line(argv, files, code, says, seconds, tmp_path, refusing):
+@pytest.mark.parametrize("name, argv, code, says", ROWS, ids=[row[0] for row in ROWS])
+def test_a_bad_input_gets_its_own_exit_code_and_one_line(name, argv, code, says, tmp_path, refusing):
+    seconds = SECONDS.get(name, 120 if name.startswith(("repro", "routing-repro", "nightly")) else 60)
+
     def fill(text: str) -> str:
         return text.replace("{tmp}", str(tmp_path)).replace("{url}", refusing)
 
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(fill(text))
-    argv = [fill(arg) for arg in argv]
+    for path, text in FILES.get(name, {}).items():
+        folder = (tmp_path / path) if path.endswith("/") else (tmp_path / path).parent
+        folder.mkdir(parents=True, exist_ok=True)
+        if not path.endswith("/"):
+            (tmp_path / path).write_text(fill(text))
+    argv = [fill(arg) for arg in argv.split()]
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True, timeout=seconds + 60)
     took = time.monotonic() - started
@@ -252,19 +176,15 @@ def test_waiting_for_a_server_it_started_says_so(tmp_path, capsys):
     assert "waiting up to 2 s" in capsys.readouterr().err
 
 
+SKIPPED = '<testcase classname="suites.x" name="a"><skipped type="pytest.skip"/></testcase>'
+
+
 @pytest.mark.parametrize(
     "junit, verdict",
     [
         ("", "no test ran"),
-        (
-            '<testcase classname="suites.x" name="a"><skipped type="pytest.skip"/></testcase>',
-            "every one of its 1 tests",
-        ),
-        (
-            '<testcase classname="suites.x" name="a"><skipped type="pytest.skip"/></testcase>'
-            '<testcase classname="suites.x" name="b"/>',
-            None,
-        ),
+        (SKIPPED, "every one of its 1 tests"),
+        (SKIPPED + '<testcase classname="suites.x" name="b"/>', None),
     ],
 )
 def test_a_night_that_tested_nothing_is_red(junit, verdict, tmp_path):
@@ -273,25 +193,104 @@ def test_a_night_that_tested_nothing_is_red(junit, verdict, tmp_path):
     assert (why is None) if verdict is None else (verdict in why), why
 
 
-@pytest.mark.parametrize(
-    "module",
-    [
-        "ci.backends",
-        "ci.compare_runs",
-        "ci.gsm8k_gate",
-        "ci.repro",
-        "ci.repro_routing",
-        "ci.api_diff",
-        "ci.upgrade_check",
-        "ci.nightly",
-    ],
-)
-def test_every_command_documents_its_exit_codes(module):
-    done = subprocess.run(
-        [sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
+# ---------------------------------------------------------------- one exit-code table for every command (ci.cli.EXIT_CODES)
+# a bad argument of its own where the generic one would be taken for another program's (tools.bench_cases and
+# ci.nightly hand the arguments they do not know to pytest)
+BAD = {"tools.bench_cases": ["--from", "/nonexistent/results"], "ci.nightly": ["--phase-timeout", "soon"]}
+GENERIC_BAD = ["--no-such-option"]
+# words that name another class of code than the one listed beside them (a code meaning two things)
+WRONG_CLASS = {
+    cli.VERDICT: ("unusable", "malformed", "not there", "incomparable"),
+    cli.INPUT: ("no gpu", "server did not", "regression", "reproduced", "could not complete"),
+    cli.NOTHING_TESTED: ("malformed", "regression", "no gpu"),
+    cli.INCOMPLETE: ("malformed", "not json", "unknown", "regression", "reproduced"),
+}
+
+
+def commands() -> list[str]:
+    found = []
+    for path in sorted([*(ROOT / "ci").glob("*.py"), *(ROOT / "tools").glob("*.py"), *(ROOT / "gates").rglob("*.py")]):
+        text = path.read_text()
+        if re.search(r"^def main\(", text, re.M) and re.search(r"^if __name__ == .__main__.:", text, re.M):
+            found.append(".".join(path.relative_to(ROOT).with_suffix("").parts))
+    return found
+
+
+def call(module: str, argv: list[str]) -> tuple[int, str, str]:
+    """``python -m module *argv`` in this process: (exit code, stdout, stderr); an exception other than SystemExit
+    is left to fail the test with its traceback, as the shell would show it."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = importlib.import_module(module).main(argv)
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else cli.INTERNAL)
+    return code, out.getvalue(), err.getvalue()
+
+
+def listed(help_text: str) -> dict[int, str]:
+    """The codes under "exit codes:" in a --help, with what each means there."""
+    block = help_text.split("exit codes:\n", 1)[1]
+    return {int(m[1]): m[2] for m in re.finditer(r"^  (\d+)  (.*)$", block, re.M)}
+
+
+def returned(module: str) -> set[int]:
+    """The codes a command's source can return: main's returns (cli constants, literals), its InputError and
+    Incomplete, and what the ``__main__`` block hands to the shell must be main's own code."""
+    tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+    names = {
+        name: getattr(cli, name) for name in "OK VERDICT INTERRUPTED INTERNAL INPUT NOTHING_TESTED INCOMPLETE".split()
+    }
+    raised = [ast.unparse(node.exc) for node in ast.walk(tree) if isinstance(node, ast.Raise) and node.exc is not None]
+    codes = {cli.INPUT for r in raised if "cli.InputError" in r} | {
+        cli.INCOMPLETE for r in raised if "cli.Incomplete" in r
+    }
+    main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+    for node in ast.walk(main):
+        if isinstance(node, ast.Return) and node.value is not None:
+            for part in ast.walk(node.value):
+                if isinstance(part, ast.Attribute) and isinstance(part.value, ast.Name) and part.value.id == "cli":
+                    codes.add(names[part.attr])
+                elif isinstance(part, ast.Constant) and type(part.value) is int:
+                    codes.add(part.value)
+    guard = next(n for n in tree.body if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test))
+    shell = ast.unparse(guard.body[-1])
+    assert re.fullmatch(r"(sys\.exit|raise SystemExit)\(main\((sys\.argv\[1:\])?\)\)", shell), (
+        f"{module}: its __main__ block ends `{shell}`, not handing main's exit code to the shell"
     )
-    assert done.returncode == 0 and done.stdout.startswith("usage:") and "exit codes:\n  0  " in done.stdout, (
-        done.stdout + done.stderr
-    )
+    return codes
+
+
+COMMANDS = commands()
+
+
+def test_the_commands_are_found():
+    assert {"ci.compare_runs", "ci.nightly", "ci.active_python", "tools.calibrate", "tools.gen_docs"} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("module", COMMANDS)
+def test_help_lists_each_code_it_returns_with_the_tables_meaning(module):
+    code, out, err = call(module, ["--help"])
+    assert code == cli.OK and out.startswith("usage: python -m ") and "exit codes:\n" in out, out + err
+    codes = listed(out)
+    assert set(codes) <= set(cli.EXIT_CODES), f"{module} lists codes outside ci.cli.EXIT_CODES: {sorted(codes)}"
+    assert cli.OK in codes and cli.INPUT in codes, f"{module} does not list 0 and 4 (a usage error): {sorted(codes)}"
+    wrong = [
+        f"{c}: {meaning!r} reads as another code's ({word!r})"
+        for c, meaning in codes.items()
+        for word in WRONG_CLASS.get(c, ())
+        if word in meaning.lower()
+    ]
+    assert not wrong, f"{module}: " + "; ".join(wrong)
+    unlisted = returned(module) - set(codes)
+    assert not unlisted, f"{module} can return {sorted(unlisted)}, which its --help does not list: {sorted(codes)}"
     if module == "ci.backends":  # the names --impl takes beyond the listed ones
-        assert "all " in done.stdout and "pkg.module:factory" in done.stdout, done.stdout
+        assert "all " in out and "pkg.module:factory" in out, out
+
+
+@pytest.mark.parametrize("module", COMMANDS)
+def test_a_bad_argument_is_exit_4_and_one_line(module):
+    code, out, err = call(module, BAD.get(module, GENERIC_BAD))
+    said = [line for line in err.splitlines() if line.strip()]
+    assert code == cli.INPUT, f"{module}: exit {code}, not {cli.INPUT}\n{err[-2000:]}"
+    assert len(said) == 1 and "Traceback" not in out + err, f"{module}: stderr is not one line:\n{err[-2000:]}"

@@ -1,17 +1,29 @@
-"""Which EP sizes a GPU backend runs on a machine with N GPUs, and what its skip says (issue 4: on one
-H200 the pull kernel shares the GPU at EP2/4/8; the push kernels skip with the reason). Run on CPU with
-the machine's GPUs patched in."""
+"""Which backends a run tests, on a machine with N GPUs (patched in): without --impl, `-m sm90` fuzzes every Hopper
+backend and a plain run what the machine has; each EP size a GPU backend runs or skips with what its skip says (issue 4:
+on one H200 the pull kernel shares the GPU, the push kernels skip with the reason); where its ranks sit (a GPU per rank
+when there are enough, all on GPU 0 when the kernel may share one), told to the ranks through the pool's environment; a
+run that tested nothing (fixtures.plugin.nothing_tested) ends with one line and exit 5, unless --allow-nothing-tested."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
+from ci import cli
 from fixtures import arch
+from fixtures.pools import placement
 from fixtures.backends.flashinfer import prerequisites
+from fixtures.backends.flashinfer.descriptors import DESCRIPTORS, installed_version
 from fixtures.core.implementation import load, registered_names
-from fixtures.core.selection import ep_skip_reason
+from fixtures.core.runner import Subject
+from fixtures.core.selection import default_impls, ep_skip_reason
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _sm90():
@@ -40,15 +52,15 @@ def _expected_skip(impl, ep: int, gpus: int) -> str | None:
     return f"{impl.name} needs one GPU per rank: EP{ep} needs {ep} SM90 GPUs, this machine has {gpus}"
 
 
-def test_one_h200_runs_shared_ranks_and_skips_one_gpu_per_rank_backends(gpus):
-    gpus(1)
+@pytest.mark.parametrize("count", [1, 8])
+def test_each_ep_size_runs_or_skips_with_its_reason_on_one_or_eight_h200s(gpus, count):
+    gpus(count)
     impls = _sm90()
-    shared = [i for i in impls if i.contract.ranks_share_device]
-    per_rank = [i for i in impls if not i.contract.ranks_share_device]
-    assert shared and per_rank, "the SM90 descriptors no longer hold both kinds of EP placement"
+    shares = {i.contract.ranks_share_device for i in impls}
+    assert shares == {True, False}, "the SM90 descriptors no longer hold both kinds of EP placement"
     for impl in impls:
         for ep in (1, 2, 4, 8):
-            assert ep_skip_reason(impl.name, impl.contract, ep) == _expected_skip(impl, ep, 1), (impl.name, ep)
+            assert ep_skip_reason(impl.name, impl.contract, ep) == _expected_skip(impl, ep, count), (impl.name, ep)
 
 
 def test_flashinfer_megamoe_runs_mxfp4_at_ep1_on_one_h200_and_names_the_gpus_its_other_paths_need(gpus):
@@ -68,13 +80,6 @@ def test_flashinfer_megamoe_runs_mxfp4_at_ep1_on_one_h200_and_names_the_gpus_its
     for impl in megamoe.values():
         for ep in impl.contract.ep_sizes:
             assert ep_skip_reason(impl.name, impl.contract, ep) is None, (impl.name, ep)
-
-
-def test_eight_h200s_run_every_ep_size(gpus):
-    gpus(8)
-    for impl in _sm90():
-        for ep in (1, 2, 4, 8):
-            assert ep_skip_reason(impl.name, impl.contract, ep) == _expected_skip(impl, ep, 8), (impl.name, ep)
 
 
 def test_an_unsupported_ep_size_says_which_are_supported(gpus):
@@ -107,3 +112,127 @@ def test_the_interleave_stand_in_lifts_the_prerequisite_by_default(gpus, monkeyp
         pytest.skip("the installed FlashInfer registers no SM90 kernel with a JIT prerequisite")
     monkeypatch.delenv("MOE_F13_TORCH_INTERLEAVE", raising=False)
     assert all(i.contract.prerequisite() is None for i in needing)
+
+
+# ---------------------------------------------------------------- where the ranks sit (fixtures.pools.placement)
+SHARING = next(d.impl_name for d in DESCRIPTORS if d.arch == "sm90" and d.ranks_share_device)
+PER_RANK_ONLY = next(d.impl_name for d in DESCRIPTORS if d.arch == "sm90" and not d.ranks_share_device)
+
+
+@pytest.mark.parametrize("count", [1, 2, 4, 8])
+def test_a_gpu_per_rank_when_there_are_enough(gpus, count):
+    gpus(count)
+    for spec in (SHARING, PER_RANK_ONLY):
+        contract = load(spec).contract
+        for ep in (2, 4, 8):
+            want = placement.PER_RANK if ep <= count else placement.SHARED if contract.ranks_share_device else None
+            assert placement.placement(contract, ep) == want, (spec, ep, count)
+
+
+def test_ep1_keeps_the_placement_it_was_validated_with(gpus):
+    gpus(8)
+    assert placement.placement(load(SHARING).contract, 1) == placement.SHARED
+    assert placement.placement(load(PER_RANK_ONLY).contract, 1) == placement.PER_RANK
+
+
+def test_the_pool_environment_carries_the_choice(gpus):
+    gpus(2)
+    contract = load(SHARING).contract
+    per_rank = dict(Subject(SHARING, load(SHARING), 2).pool_key.env)
+    shared = dict(Subject(SHARING, load(SHARING), 4).pool_key.env)
+    assert per_rank[placement.ENV] == placement.PER_RANK and "MEGA_SINGLE_GPU_GLOO" not in per_rank
+    assert shared[placement.ENV] == placement.SHARED and shared["MEGA_SINGLE_GPU_GLOO"] == "1"
+    assert contract.share_env == (("MEGA_SINGLE_GPU_GLOO", "1"),)
+
+
+def test_a_rank_takes_its_gpu_from_the_environment(monkeypatch):
+    monkeypatch.setenv(placement.ENV, placement.PER_RANK)
+    assert placement.device_index(3, shares_by_default=True) == 3
+    monkeypatch.setenv(placement.ENV, placement.SHARED)
+    assert placement.device_index(3, shares_by_default=False) == 0
+    monkeypatch.delenv(placement.ENV)
+    assert placement.device_index(3, shares_by_default=True) == 0 and placement.device_index(3, False) == 3
+
+
+def test_cpu_subjects_are_placed_on_the_cpu():
+    assert placement.placement(load("reference-ep").contract, 4) == placement.CPU
+
+
+# ---------------------------------------------------------------- which backends a run selects by default, and a run that tested nothing
+class _Config:
+    def __init__(self, markexpr: str):
+        self.markexpr = markexpr
+
+    def getoption(self, name, default=None):
+        return self.markexpr if name == "markexpr" else default
+
+
+def _of(tag: str) -> set[str]:
+    """The moe_ep descriptors of the arch, and flashinfer.megamoe's paths for sm90 where it ships (issue 26)."""
+    from fixtures.backends.flashinfer.megamoe_paths import PATHS, VERSIONS
+
+    megamoe = {p.name for p in PATHS} if tag == "sm90" and installed_version() in (None, *VERSIONS) else set()
+    return {d.impl_name for d in DESCRIPTORS if d.arch == tag} | megamoe
+
+
+@pytest.mark.parametrize("markexpr", ["sm90", "sm90 and ep", "not slow and sm90"])
+def test_an_arch_marker_selects_every_backend_of_that_arch(monkeypatch, markexpr):
+    monkeypatch.setattr(arch, "gpu_count", lambda tag: 0)  # a CPU machine: the -m expression alone decides
+    chosen = default_impls(_Config(markexpr))
+    assert chosen[0] == "reference-ep" and set(chosen[1:]) == _of("sm90")
+
+
+def test_without_a_marker_the_gpus_here_decide(monkeypatch):
+    monkeypatch.setattr(arch, "gpu_count", lambda tag: 0)
+    assert default_impls(_Config("")) == ["reference-ep"]
+    monkeypatch.setattr(arch, "gpu_count", lambda tag: 8 if tag == "sm100" else 0)  # an 8-GPU Blackwell host
+    assert set(default_impls(_Config("cpu"))) == {"reference-ep"} | _of("sm100")
+
+
+def test_pytest_m_sm90_collects_the_hopper_backends_and_skips_them_here_with_the_reason():
+    argv = "-m pytest suites/conformance/test_generic.py -m sm90 -k test_matches_reference -p no:cacheprovider -v -rs"
+    done = subprocess.run([sys.executable, *argv.split()], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = done.stdout
+    for name in _of("sm90"):
+        assert f"test_matches_reference[{name}-EP1]" in out, f"{name} not collected: {out[-2000:]}"
+    if not arch.gpu_count("sm90"):  # every test skips: nothing was tested, exit 5 (fixtures.plugin.nothing_tested)
+        assert done.returncode == 5 and "passed" not in out.splitlines()[-1], out[-2000:]
+        assert "needs an SM90 GPU" in out and "moe-conformance: exit 5: -m sm90" in out, out[-2000:]
+
+
+# ---------------------------------------------------------------- a run that tested nothing is never green (fixtures.plugin.nothing_tested)
+GPU_ONLY_FILE = "suites/flashinfer/test_gpu_prerequisites.py"  # every test in it is marked sm90
+
+
+def _pytest(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "MOE_CONFORMANCE_"))}
+    argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", *args]
+    return subprocess.run(argv, cwd=ROOT, env={**env, "MOE_WORKERS": "0"}, capture_output=True, text=True, timeout=300)
+
+
+def _verdict(done: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in done.stdout.splitlines() if line.startswith("moe-conformance: exit 5")]
+
+
+@pytest.mark.skipif(not arch.skip_reason("sm90"), reason="an SM90 GPU is visible here: -m sm90 tests something")
+def test_sm90_without_an_sm90_gpu_is_nothing_tested_unless_allowed():
+    done = _pytest("-m", "sm90", GPU_ONLY_FILE)
+    assert done.returncode == cli.NOTHING_TESTED, done.stdout[-2000:]
+    assert len(_verdict(done)) == 1 and "-m sm90: needs an SM90 GPU" in _verdict(done)[0], done.stdout[-2000:]
+    allowed = _pytest("-m", "sm90", GPU_ONLY_FILE, "--allow-nothing-tested")
+    assert allowed.returncode == cli.OK and not _verdict(allowed), allowed.stdout[-2000:]
+
+
+@pytest.mark.skipif(not arch.skip_reason("sm90"), reason="an SM90 GPU is visible here: the SM90 backend runs")
+def test_an_impl_whose_every_test_skips_is_nothing_tested_though_others_passed():
+    gpu_backend = "sm90_bf16_bf16_bf16_pull_cutedsl"
+    test = "suites/conformance/test_generic.py::test_matches_reference"
+    done = _pytest(test, "--impl", f"{gpu_backend},reference-ep", "--ep", "1")
+    assert done.returncode == cli.NOTHING_TESTED, done.stdout[-2000:]
+    assert "1 passed, 1 skipped" in done.stdout, "reference-ep ran: the run as a whole was not empty"
+    assert len(_verdict(done)) == 1 and f"--impl {gpu_backend}: every test of it skipped" in _verdict(done)[0]
+
+
+def test_a_run_that_tests_something_keeps_its_status():
+    done = _pytest("suites/harness/test_workers.py", "-k", "override")
+    assert done.returncode == cli.OK and not _verdict(done), done.stdout[-2000:]

@@ -1,23 +1,27 @@
-"""Installing the suite into a user's environment. pyproject.toml declares ranges, so a serving environment's torch
-stays; ci/constraints.txt holds CI's exact versions, which ci/setup.sh applies to every pip install; a wheel or
-sdist is refused with one line that names the checkout (ci/build_backend/moe_conformance_backend.py).
-
-The pip tests run offline, in a plain venv of their own: this environment's pip and setuptools are linked in, and
-torch and numpy are fake installed distributions of other versions."""
+"""Installing the suite into a user's environment: pyproject.toml declares ranges, so a serving environment's torch
+stays; ci/constraints.txt holds CI's exact versions for ci/setup.sh; a wheel or sdist is refused naming the checkout.
+ci/setup.sh tests an active Python that has torch as installed, adding only the [test] extra's missing requirements
+(never torch or FlashInfer); without torch, or with MOE_USE_VENV=1, the suite's own .venv. The session header names
+where the torch and FlashInfer under test are loaded from. Every venv here is throwaway and offline (fake installed
+metadata, a stub or linked pip); ci/setup.sh runs for real from a copy of its inputs."""
 
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+
+from ci import cli
 
 try:
     import tomllib
@@ -39,6 +43,7 @@ USERS_RUN = {
     "nvshmem4py-cu13": ["0.4.1"],
 }
 USER_TORCH = "2.11.0+cu130"
+SETUP_INPUTS = ("ci/setup.sh", "ci/active_python.py", "ci/cli.py", "ci/constraints.txt", "pyproject.toml")
 
 
 def requirements(pyproject: Path) -> list[Requirement]:
@@ -103,7 +108,6 @@ def test_the_constraints_pin_each_declared_package_inside_its_range():
 
 # ci/setup.sh with a python3 that has no torch (it answers nothing to ci/active_python.py) and whose venvs only log
 # their calls: what it installs in its .venv path, in which order, at which pins.
-SETUP_INPUTS = ("ci/setup.sh", "ci/active_python.py", "ci/cli.py", "ci/constraints.txt", "pyproject.toml")
 FAKE_PYTHON3 = """#!/bin/bash
 if [ "$1 $2" = "-m venv" ]; then
   mkdir -p "$3/bin"
@@ -181,11 +185,16 @@ def _link_installed(name: str, site: Path) -> None:
 
 
 def _fake_installed(site: Path, name: str, version: str) -> None:
-    info = site / f"{name}-{version}.dist-info"
+    info = site / f"{canonicalize_name(name).replace('-', '_')}-{version}.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
     (info / "INSTALLER").write_text("pip\n")
     (info / "RECORD").write_text(f"{info.name}/METADATA,,\n{info.name}/INSTALLER,,\n{info.name}/RECORD,,\n")
+
+
+def _site(python: Path) -> Path:
+    probe = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    return Path(subprocess.run([str(python), "-c", probe], capture_output=True, text=True, check=True).stdout.strip())
 
 
 @pytest.fixture(scope="module")
@@ -194,14 +203,7 @@ def user_env(tmp_path_factory) -> Path:
     venv = tmp_path_factory.mktemp("user") / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
     python = venv / "bin" / "python"
-    site = Path(
-        subprocess.run(
-            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    )
+    site = _site(python)
     for name in ("pip", "setuptools"):
         _link_installed(name, site)
     _fake_installed(site, "torch", USER_TORCH)
@@ -268,3 +270,226 @@ def test_a_wheel_is_refused_naming_the_checkout(user_env, tmp_path, command):
     assert done.returncode != 0, output
     assert f"installs from its checkout only: pip install -e {checkout} " in output, output
     assert "Traceback" not in output and not list(tmp_path.rglob("*.whl")), output
+
+
+# ---------------------------------------------------------------- ci/setup.sh in a user's environment
+# A venv standing in for a vLLM or SGLang one: a fake torch, a FlashInfer (editable, none, or failing to import), the
+# [test] extra but MISSING as metadata, and a stub pip that logs each call and "installs" metadata. MOE_VENV is a stub
+# whose marker is current: a wrong turn into the .venv path prints that stub instead of the user's python.
+STUB_PIP = """import json, os, re, sys
+args = sys.argv[1:]
+keep = args[args.index("-c") + 1] if "-c" in args else None
+with open(os.environ["STUB_PIP_LOG"], "a") as log:
+    log.write(json.dumps({"argv": args, "constraints": open(keep).read() if keep else None}) + "\\n")
+site = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for arg in args[1:] if args[:1] == ["install"] else ():
+    if arg.startswith("-") or arg == keep:
+        continue
+    name = re.split(r"[<>=!~;\\[ ]", arg)[0]
+    info = os.path.join(site, name.replace("-", "_") + "-1.0.dist-info")
+    os.makedirs(info, exist_ok=True)
+    open(os.path.join(info, "METADATA"), "w").write(f"Metadata-Version: 2.1\\nName: {name}\\nVersion: 1.0\\n")
+"""
+MISSING = ("scipy", "pytest-timeout")  # the [test] requirements the user's environment lacks
+
+
+def _test_extra() -> list[Requirement]:
+    lines = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]["test"]
+    return [r for r in map(Requirement, lines) if r.marker is None or r.marker.evaluate()]
+
+
+def user_environment(where: Path, torch: bool = True, flashinfer: str = "editable") -> Path:
+    """The throwaway environment described above; flashinfer: editable, none or broken. Its python3."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(where)], check=True, timeout=60)
+    python = where / "bin" / "python3"
+    site = _site(python)
+    _link_installed("packaging", site)
+    (site / "pip").mkdir()
+    (site / "pip" / "__init__.py").write_text("")
+    (site / "pip" / "__main__.py").write_text(STUB_PIP)
+    if torch:
+        (site / "torch").mkdir()
+        (site / "torch" / "__init__.py").write_text(f"__version__ = {USER_TORCH!r}\n")
+        _fake_installed(site, "torch", USER_TORCH)
+    if flashinfer != "none":
+        checkout = where.parent / f"{where.name}-flashinfer"
+        (checkout / "flashinfer").mkdir(parents=True)
+        body = "raise ImportError('libcuda.so.1: cannot open shared object file')" if flashinfer == "broken" else ""
+        (checkout / "flashinfer" / "__init__.py").write_text(f"__version__ = '0.7.4'\n{body}\n")
+        (site / "flashinfer-checkout.pth").write_text(f"{checkout}\n")
+        _fake_installed(site, "flashinfer-python", "0.7.4")
+        info = site / "flashinfer_python-0.7.4.dist-info"
+        (info / "direct_url.json").write_text(json.dumps({"url": checkout.as_uri(), "dir_info": {"editable": True}}))
+    for req in _test_extra():
+        if req.name not in MISSING:
+            _fake_installed(site, req.name, pins(CONSTRAINTS)[0][canonicalize_name(req.name)])
+    return python
+
+
+def installed_versions(python: Path) -> dict[str, str]:
+    probe = "import importlib.metadata as m, json; print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
+    return json.loads(offline(python, "-c", probe, cwd=Path("/")).stdout)
+
+
+def _current(venv: Path) -> Path:
+    """Marks ``venv`` installed after its inputs changed: ci/setup.sh builds nothing there."""
+    (venv / ".moe-installed").touch()
+    os.utime(venv / ".moe-installed", (time.time() + 3600,) * 2)
+    return venv
+
+
+@pytest.fixture
+def setup_in(tmp_path):
+    """run(env_python=..., **variables) -> (CompletedProcess, pip calls): ci/setup.sh as described above."""
+    root = tmp_path / "checkout"
+    (root / "ci").mkdir(parents=True)
+    for name in SETUP_INPUTS:
+        shutil.copy(ROOT / name, root / name)
+    stub = tmp_path / "stub-venv"
+    (stub / "bin").mkdir(parents=True)
+    (stub / "bin" / "python").write_text("#!/bin/sh\nexit 0\n")
+    (stub / "bin" / "python").chmod(0o755)
+    _current(stub)
+    (tmp_path / "home").mkdir()
+    log = tmp_path / "pip.log"
+
+    def run(env_python: Path, **variables: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+        log.write_text("")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON", "MOE_", "VIRTUAL_ENV"))}
+        env.update(HOME=str(tmp_path / "home"), PATH=f"{env_python.parent}:{os.environ['PATH']}", STUB_PIP_LOG=str(log))
+        env.update(PIP_NO_INDEX="1", PIP_CONFIG_FILE=os.devnull, PYTHONNOUSERSITE="1", MOE_VENV=str(stub))
+        env.update(variables)
+        done = subprocess.run(["bash", root / "ci" / "setup.sh"], env=env, capture_output=True, text=True, timeout=60)
+        return done, [json.loads(line) for line in log.read_text().splitlines()]
+
+    run.stub = stub / "bin" / "python"
+    run.root = root
+    return run
+
+
+def _pinned(constraints: str) -> dict[str, str]:
+    found = {}
+    for line in constraints.splitlines():
+        match = re.fullmatch(r"([A-Za-z0-9._-]+)\s*(==|<)\s*(\S+)", line.strip())
+        if match:
+            found[canonicalize_name(match[1])] = match[2] + match[3]
+    return found
+
+
+@pytest.mark.parametrize("flashinfer", ["editable", "none", "broken"])
+def test_setup_tests_the_active_environment_adding_only_its_missing_test_tools(setup_in, tmp_path, flashinfer):
+    """The python3 on PATH has torch: setup prints it and installs only the missing [test] requirements at CI's pins,
+    torch and FlashInfer pinned as installed (or forbidden); a FlashInfer absent or not importing is reported."""
+    python = user_environment(tmp_path / "user", flashinfer=flashinfer)
+    before = installed_versions(python)
+    done, calls = setup_in(python)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(python), (done.stdout, done.stderr)
+    assert f"testing {python} (the python3 on PATH has torch)" in done.stderr, done.stderr
+    assert f"torch {USER_TORCH} from " in done.stderr, done.stderr
+    assert len(calls) == 1, calls
+    argv, keep = calls[0]["argv"], _pinned(calls[0]["constraints"])
+    names, ci = argv[argv.index("-c") + 2 :], pins(CONSTRAINTS)[0]
+    assert argv[0] == "install" and sorted(names) == sorted(f"{n}=={ci[n]}" for n in MISSING), argv
+    assert not [a for a in argv if re.match(r"(torch|flashinfer|nvidia|triton)", a)], argv
+    assert keep["torch"] == f"=={USER_TORCH}", keep
+    assert keep["flashinfer-python"] == ("<0" if flashinfer == "none" else "==0.7.4"), keep
+    assert keep["flashinfer-jit-cache"] == keep["flashinfer-cubin"] == "<0", keep
+    assert all(keep[canonicalize_name(n)] == f"=={v}" for n, v in before.items()), (before, keep)
+    after = installed_versions(python)
+    assert {n: after.get(n) for n in before} == before and set(after) - set(before) == set(MISSING), after
+    said = {
+        "editable": f"flashinfer-python 0.7.4 from {tmp_path / 'user-flashinfer' / 'flashinfer'}",
+        "none": "no flashinfer module here: FlashInfer is not installed into this environment by setup",
+        "broken": "does not import (ImportError: libcuda.so.1: cannot open shared object file): setup installs "
+        "no FlashInfer here",
+    }[flashinfer]
+    assert said in done.stderr, done.stderr
+    assert not list(setup_in.root.glob(".venv*")), "a venv made beside the user's environment"
+    again, calls = setup_in(python)
+    assert again.returncode == 0 and calls == [], (again.stderr, calls)  # all there now: pip is not called
+    assert "every requirement of the [test] extra is installed" in again.stderr, again.stderr
+
+
+@pytest.mark.parametrize("case", ["no torch", "MOE_USE_VENV=1", "checkout's own .venv"])
+def test_setup_makes_the_venv_where_the_active_python_has_no_torch_or_when_asked(setup_in, tmp_path, case):
+    """The .venv path (MOE_VENV, a stub whose marker is current): for a python3 without torch, with MOE_USE_VENV=1 or
+    that is the checkout's own .venv; the user's pip is never called."""
+    python = user_environment(tmp_path / "user", torch=case != "no torch")
+    variables = {"MOE_OTHER_FLASHINFER": "", **({"MOE_USE_VENV": "1"} if case == "MOE_USE_VENV=1" else {})}
+    if case == "checkout's own .venv":
+        variables["MOE_VENV"] = str(_current(python.parent.parent))
+    done, calls = setup_in(python, **variables)
+    venv_python = Path(variables.get("MOE_VENV", setup_in.stub.parent.parent)) / "bin" / "python"
+    assert done.returncode == 0 and done.stdout.strip() == str(venv_python), (done.stdout, done.stderr)
+    why = {
+        "no torch": "the python3 on PATH has no torch",
+        "checkout's own .venv": "the python3 on PATH is this checkout's",
+    }
+    why = why.get(case, case)
+    assert f"using {venv_python} ({why}" in done.stderr, done.stderr
+    assert calls == [], calls
+
+
+def test_moe_python_without_torch_stops_setup_and_with_torch_is_tested(setup_in, tmp_path):
+    without = user_environment(tmp_path / "bare", torch=False)
+    done, calls = setup_in(without, MOE_PYTHON=str(without))
+    assert done.returncode == cli.INPUT and not done.stdout and calls == [], (done.stdout, done.stderr)
+    assert f"MOE_PYTHON={without} has no torch: set-up installs no torch into it" in done.stderr, done.stderr
+    with_torch = user_environment(tmp_path / "user")
+    done, calls = setup_in(without, MOE_PYTHON=str(with_torch))  # wins over the python3 on PATH
+    assert done.returncode == 0 and done.stdout.strip() == str(with_torch), done.stderr
+    assert len(calls) == 1 and f"(MOE_PYTHON={with_torch})" in done.stderr, (calls, done.stderr)
+
+
+@pytest.mark.parametrize("bundle", ["the active python3", "another python"])
+def test_gpu_env_sh_is_second_to_an_active_environment_with_torch(setup_in, tmp_path, bundle):
+    """~/gpu-env.sh's python3 is used when the active python3 is that bundle's (gpu-env.sh sourced already); an
+    active environment of the user's own with torch wins over it."""
+    python = user_environment(tmp_path / "user")
+    other = tmp_path / "bundle" / "bin"
+    other.mkdir(parents=True)
+    (other / "python3").symlink_to(sys.executable)  # has torch too (this environment's)
+    target = python.parent if bundle == "the active python3" else other
+    (tmp_path / "home" / "gpu-env.sh").write_text(f"export PATH={target}:$PATH\n")
+    done, calls = setup_in(python)
+    assert done.returncode == 0, done.stderr
+    if bundle == "the active python3":
+        assert done.stdout.strip() == "python3" and calls == [], (done.stdout, calls)
+        assert "using ~/gpu-env.sh's python3 (the python3 on PATH is ~/gpu-env.sh's)" in done.stderr, done.stderr
+    else:
+        assert done.stdout.strip() == str(python) and len(calls) == 1, (done.stdout, done.stderr)
+
+
+# ---------------------------------------------------------------- the session header
+def test_the_header_names_where_torch_and_flashinfer_are_loaded_from(pytestconfig):
+    import torch
+
+    groups = pytestconfig.hook.pytest_report_header(config=pytestconfig, start_path=pytestconfig.rootpath)
+    lines = [line for group in groups for line in (group if isinstance(group, list) else [group])]
+    torch_line = f"under test: torch {md.version('torch')} at {Path(torch.__file__).resolve().parent} ("
+    assert any(line.startswith(torch_line) for line in lines), lines
+    try:
+        fi = f"under test: flashinfer-python {md.version('flashinfer-python')} at "
+        import importlib.util
+
+        fi += str(Path(importlib.util.find_spec("flashinfer").origin).resolve().parent) + " ("
+    except (md.PackageNotFoundError, AttributeError):
+        fi = "under test: flashinfer-python not installed"
+    assert any(line.startswith(fi) for line in lines), lines
+
+
+def test_the_header_shows_a_source_build_of_flashinfer_without_importing_it(tmp_path):
+    """An editable FlashInfer checkout whose import fails (as it would without a GPU driver): the header names the
+    checkout and the editable install, and the header did not import it."""
+    python = user_environment(tmp_path / "user", flashinfer="broken")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    argv = [str(python), "-m", "fixtures.plugin.environment_report"]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    checkout = tmp_path / "user-flashinfer"
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"under test: torch {USER_TORCH} at {_site(python) / 'torch'} (installed by pip by name from an index: a "
+        "registry wheel)",
+        f"under test: flashinfer-python 0.7.4 at {checkout / 'flashinfer'} (editable install of {checkout})",
+    ], done.stdout

@@ -60,10 +60,3 @@ def test_two_runs_compare_by_cell(tmp_path):
     assert changed.returncode == cli.VERDICT, changed.stdout
     diff = changed.stdout.split("== differences", 1)[1].strip().splitlines()
     assert diff == [f"{PUSH} EP1: passed 18 -> 17, failed 0 -> 1, skipped 8 -> 8, xfailed 0 -> 0"], diff
-
-
-def test_a_missing_file_is_unusable_input(tmp_path):
-    done = _run(tmp_path / "nothing.xml")
-    assert (
-        done.returncode == cli.INPUT and "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
-    )

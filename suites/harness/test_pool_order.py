@@ -1,6 +1,5 @@
-"""Tests run grouped by the rank pool they use (conftest.py, fixtures/scheduling/pool_order.py): a test marked ``rank_pool`` that names its
-implementation by a parameter sorts with that implementation's ``subject`` tests at its EP size, so the pool and
-its compiled kernels are started once, not again each time the next test names another backend."""
+"""Tests run grouped by the rank pool they use (fixtures/scheduling/pool_order.py): a ``rank_pool`` test naming its implementation
+by a parameter sorts with that implementation's ``subject`` tests at its EP size, so each pool starts once."""
 
 from __future__ import annotations
 
@@ -36,30 +35,25 @@ def test_rank_pool_tests_sort_with_their_pools_subject_tests():
         _Item("rank_pool by name at EP2", {"name": "reference-ep", "ep": 2}, ["rank_pool"]),
         _Item("reference EP1 subject", _subject("reference-ep", 1)),
         _Item("by name, not marked", {"name": "reference-ep"}),
-        _Item("rank_pool by descriptor-like d", {"d": SimpleNamespace(impl_name="reference-ep")}, ["rank_pool"]),
+        _Item("rank_pool by descriptor", {"descriptor": SimpleNamespace(impl_name="reference-ep")}, ["rank_pool"]),
         _Item("rank_pool by path", {"path": SimpleNamespace(name="reference-ep")}, ["rank_pool"]),
     ]
     order = [i.label for i in sorted(items, key=root.pool_order)]
     assert set(order[:2]) == {"no pool", "by name, not marked"}, order
-    assert set(order[2:6]) == {
-        "rank_pool by name",
-        "reference EP1 subject",
-        "rank_pool by descriptor-like d",
-        "rank_pool by path",
-    }, order
+    ep1 = {"rank_pool by name", "reference EP1 subject", "rank_pool by descriptor", "rank_pool by path"}
+    assert set(order[2:6]) == ep1, order
     ep2 = order[6:]
     assert set(ep2) == {"faulty EP2 subject", "reference EP2 subject", "rank_pool by name at EP2"}, order
+
+
+MEGAMOE = SimpleNamespace(name="megamoe_sm90_nvfp4_fused")
 
 
 def test_the_upcoming_pools_leave_out_tests_that_skip_marked_or_at_run_time():
     """A pool whose every test skips is never started ahead in the place of the next pool a test uses."""
     items = [
         _Item("reference EP1 subject", _subject("reference-ep", 1)),
-        _Item(
-            "a plan test at an EP size the path lacks",
-            {"path": SimpleNamespace(name="megamoe_sm90_nvfp4_fused"), "ep": 1},
-            ["rank_pool"],
-        ),
+        _Item("a plan test at an EP size the path lacks", {"path": MEGAMOE, "ep": 1}, ["rank_pool"]),
         _Item("marked skip", _subject("reference-ep", 4), ["skip"]),
         _Item("reference EP2 subject", _subject("reference-ep", 2)),
         _Item("no pool", {}),
@@ -162,11 +156,7 @@ def _keys(items) -> list:
         (dict(cores=2), root.pool_order, False),  # one process: each pool's tests together, EP1 first
         (dict(cores=16, gpu=True), root.pool_order, False),
         (dict(cores=2, worker="gw0", workers=2, loadgroup=True), root.worker_order, False),  # the CPU tier's workers
-        (
-            dict(cores=16, gpu=True, worker="gw0", workers=3, loadgroup=True),
-            root.pool_order,
-            True,
-        ),  # a GPU host's workers
+        (dict(cores=16, gpu=True, worker="gw0", workers=3, loadgroup=True), root.pool_order, True),  # a GPU host's
         (dict(cores=16, gpu=True, worker="gw0", workers=3, loadgroup=True, pinned=True), root.worker_order, False),
         (dict(cores=16, gpu=True, worker="gw0", workers=3), root.worker_order, False),  # --dist load: not grouped
     ],
@@ -186,14 +176,9 @@ def test_the_scheduler_orders_groups_and_plans_the_pools_by_host(monkeypatch, ho
     assert [i.label for i in items] == [i.label for i in sorted(_collected(), key=sort)]
     groups = {i.label: i.group for i in items}
     if grouped:
-        assert groups == {
-            "reference EP2": root.LARGER_EP_GROUP,
-            "faulty EP2": root.LARGER_EP_GROUP,
-            "faulty EP1": root.EP1_GROUP,
-            "reference EP1": root.EP1_GROUP,
-            "skipped EP4": root.LARGER_EP_GROUP,
-            "other no pool": root.OTHER_GROUP,
-        }
+        want = {label: root.LARGER_EP_GROUP for label in ("reference EP2", "faulty EP2", "skipped EP4")}
+        want.update({"faulty EP1": root.EP1_GROUP, "reference EP1": root.EP1_GROUP, "other no pool": root.OTHER_GROUP})
+        assert groups == want
     else:
         assert groups == {i.label: root.worker_order(i)[0] or i.module.__name__ for i in items}
         assert groups["other no pool"] == "suites.test_other" and groups["faulty EP1"] == "faulty:rank_zeroed"

@@ -1,18 +1,23 @@
-"""ci/restore_jit_cache.sh on CPU with a real ninja: a packed cache restored after the inputs were
-reinstalled is not rebuilt, the previous way (touching the outputs) is, and a real change after the
-restore still is. Modules are mimicked by a rule whose depfile names a header, as nvcc's does."""
+"""The restore scripts on CPU. ci/restore_jit_cache.sh, with a real ninja: a packed cache restored after its inputs were
+reinstalled is not rebuilt, touching the outputs instead is, and a real change after the restore still is (a module is a
+rule whose depfile names a header, as nvcc's). ci/restore_aot_modules.sh: a tarball of AOT modules lands where
+FlashInfer looks for it (<name>/<name>.so), only for its FlashInfer version and only the modules that would load."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import tarfile
 import time
 from pathlib import Path
 
 import pytest
 
+from suites.harness.shared_objects import CC, DRIVER_CALLER, NO_DRIVER, compile_so
+
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
+NEEDS_CC = pytest.mark.skipif(CC is None, reason="no C compiler (cc/gcc) to build the stand-in modules")
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = """rule cc
   command = cat $in $hdr > $out && echo "$out: $hdr" > $out.d
@@ -58,12 +63,8 @@ def packed(tmp_path):
 
 def test_restored_cache_is_not_rebuilt_and_a_later_change_is(packed):
     tarball, cache, site, mod, hdr = packed
-    out = subprocess.run(
-        ["bash", str(ROOT / "ci/restore_jit_cache.sh"), str(tarball), str(cache), str(site)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    argv = ["bash", str(ROOT / "ci/restore_jit_cache.sh"), str(tarball), str(cache), str(site)]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "ninja dry run mod: ninja: no work to do.", out
     _set_mtime(hdr, 7200)  # a header really changed after the restore
     assert "no work to do" not in _dry_run(mod)
@@ -88,14 +89,72 @@ def test_setup_restores_a_packed_cache_once_on_a_prepared_gpu_host(tmp_path):
     (packed / "flashinfer" / "0.7.2.post1" / "90a" / "module.so").write_text("compiled")
     tarball = tmp_path / "fi-jit.tgz"
     subprocess.run(["tar", "czf", str(tarball), "-C", str(packed), "flashinfer"], check=True)
-    env = {
-        **{k: v for k, v in os.environ.items() if k not in ("MOE_PYTHON", "MOE_USE_VENV")},
-        "HOME": str(home),
-        "MOE_JIT_CACHE": str(tarball),
-    }
+    env = {k: v for k, v in os.environ.items() if k not in ("MOE_PYTHON", "MOE_USE_VENV")}
+    env.update(HOME=str(home), MOE_JIT_CACHE=str(tarball))
     first = subprocess.run(["bash", "ci/setup.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0 and first.stdout.strip() == "python3", first.stderr
     assert "restoring the FlashInfer JIT cache" in first.stderr
     assert (home / ".cache" / "flashinfer" / "0.7.2.post1" / "90a" / "module.so").read_text() == "compiled"
     again = subprocess.run(["bash", "ci/setup.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "restoring" not in again.stderr
+
+
+# ---------------------------------------------------------------- ci/restore_aot_modules.sh
+def _tarball(tmp_path: Path, version: str, unfit: bool = False) -> Path:
+    """mod_abc (no driver calls), and with ``unfit`` mod_bad: a driver call linked against an empty libcuda stub."""
+    src = tmp_path / "src" / "flashinfer-aot"
+    compile_so(src / "mod_abc", "mod_abc.so", NO_DRIVER)
+    if unfit:
+        empty = compile_so(tmp_path / "empty-stub", "libcuda.so", "", soname="libcuda.so.1")
+        compile_so(src / "mod_bad", "mod_bad.so", DRIVER_CALLER, f"-L{empty.parent}", "-lcuda")
+    (src / "BUILD_INFO").write_text(f"flashinfer-python {version}\narch 9.0a\nnvcc V13.0.88\n")
+    out = tmp_path / "fi-aot.tgz"
+    with tarfile.open(out, "w:gz") as tar:
+        tar.add(src, arcname="flashinfer-aot")
+    return out
+
+
+def _restore(tarball: Path, aot: Path, installed: str, **env) -> str:
+    argv = ["bash", str(ROOT / "ci" / "restore_aot_modules.sh"), str(tarball), str(aot), installed]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@NEEDS_CC
+def test_modules_land_where_flashinfer_looks(tmp_path):
+    aot = tmp_path / "site" / "flashinfer" / "data" / "aot"
+    said = _restore(_tarball(tmp_path, "0.7.4"), aot, "0.7.4")
+    built = tmp_path / "src/flashinfer-aot/mod_abc/mod_abc.so"
+    assert (aot / "mod_abc" / "mod_abc.so").read_bytes() == built.read_bytes()
+    assert not (aot / "BUILD_INFO").exists() and "installed 1 of 1 FlashInfer AOT modules" in said, said
+
+
+@NEEDS_CC
+def test_a_module_that_would_end_the_run_is_not_installed(tmp_path):
+    """A module calling the driver without libcuda.so.1 among its NEEDED libraries (the H200's crash,
+    reference.evidence.AOT_CRASH_AND_CUT_SHORT) is left out by name and symbol, for FlashInfer to compile."""
+    aot = tmp_path / "aot"
+    said = _restore(_tarball(tmp_path, "0.7.4", unfit=True), aot, "0.7.4")
+    assert (aot / "mod_abc" / "mod_abc.so").exists() and not (aot / "mod_bad").exists(), said
+    assert "not installed: mod_bad.so calls the CUDA driver (cuLibraryLoadData)" in said, said
+    assert "installed 1 of 2 FlashInfer AOT modules" in said, said
+
+
+@NEEDS_CC
+def test_no_module_is_installed_when_the_check_cannot_run(tmp_path):
+    """A check that did not run (no working python3 here) is no pass: nothing is installed unchecked."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "python3").write_text("#!/bin/sh\nexit 3\n")
+    (fake / "python3").chmod(0o755)
+    aot = tmp_path / "aot"
+    said = _restore(_tarball(tmp_path, "0.7.4"), aot, "0.7.4", PATH=f"{fake}:{os.environ['PATH']}")
+    assert not aot.exists() and "exited 3 and named none: no AOT module installed" in said, said
+
+
+@NEEDS_CC
+def test_modules_of_another_version_are_not_installed(tmp_path):
+    aot = tmp_path / "aot"
+    said = _restore(_tarball(tmp_path, "0.7.2.post1"), aot, "0.7.4")
+    assert not aot.exists() and "are for flashinfer-python 0.7.2.post1, this host has 0.7.4" in said, said

@@ -1,6 +1,9 @@
 """Runs never mix (fixtures.plugin.run_folder): each session writes into a run folder of its own, the workers of one session
-share it, summary.json follows its schema and counts as pytest does, and shards merged (ci.runs) read as the run
-that was not sharded."""
+share it, summary.json follows its schema and counts as pytest does, the results folder may lie outside the checkout.
+``--shard K/N`` (fixtures.plugin.shard) partitions the tests exactly, a rank pool's tests in one shard, the same split in two
+processes, a bad value one usage-error line; shards merged (ci.runs) read as the run that was not sharded. How a pytest
+process ends: after a CUDA session its own status survives a crashing teardown (fixtures.plugin.clean_exit; MOE_CLEAN_EXIT=0
+shows the crash), and one that dies inside a test leaves its name (``running-<worker>.txt``) for the report to quote."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ci import cli, compare_runs, report
-from fixtures.plugin import run_folder
+from fixtures.plugin import run_folder, shard
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,28 +42,9 @@ WANT = {"passed": 2, "failed": 1, "skipped": 1, "xfailed": 1, "xpassed": 1, "err
 
 def _pytest(results: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MOE_HYPOTHESIS_PROFILE": "ci", "MOE_HYPOTHESIS_EXAMPLES": "1"}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-c",
-            str(ROOT / "pytest.ini"),
-            "--rootdir",
-            str(ROOT),
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "--results-dir",
-            str(results),
-            *args,
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    argv = [sys.executable, "-m", "pytest", "-c", str(ROOT / "pytest.ini"), "--rootdir", str(ROOT), "-q"]
+    argv += ["-p", "no:cacheprovider", "--results-dir", str(results), *args]
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
 def _closing_counts(stdout: str) -> dict[str, int]:
@@ -114,11 +99,8 @@ def test_two_sessions_write_two_run_folders_that_never_mix(tmp_path):
     for folder, name in ((first, "MOE_CASE_TIMEOUT"), (second, "MOE_JIT_TIMEOUT")):
         tests = run_folder.read_summary(folder / run_folder.SUMMARY)["tests"]
         assert [t.split("[")[1] for t in tests] == [f"{name}]"]
-        recorded = {
-            json.loads(line)["test"].split("[")[-1]
-            for f in folder.glob("tests-*.jsonl")
-            for line in f.read_text().splitlines()
-        }
+        lines = [line for f in folder.glob("tests-*.jsonl") for line in f.read_text().splitlines()]
+        recorded = {json.loads(line)["test"].split("[")[-1] for line in lines}
         assert recorded == {f"{name}]"}, (folder, recorded)
     assert not list(tmp_path.glob("*.jsonl"))  # nothing written beside the run folders
 
@@ -140,16 +122,8 @@ def _section(text: str, heading: str) -> str:
 def sharded(tmp_path_factory):
     """The same tests (subject tests of reference-ep at EP1 and EP2, tests of two modules) unsharded and as 2 shards."""
     base = tmp_path_factory.mktemp("sharded")
-    target = [
-        "suites/conformance/test_generic.py",
-        "-k",
-        "test_matches_reference",
-        "suites/harness/test_outcomes.py",
-        "--impl",
-        "reference-ep",
-        "--ep",
-        "1,2",
-    ]
+    target = "suites/conformance/test_generic.py -k test_matches_reference suites/harness/test_outcomes.py"
+    target = [*target.split(), "--impl", "reference-ep", "--ep", "1,2"]
     folders = {}
     for name, extra in (("whole", []), ("s1", ["--shard", "1/2"]), ("s2", ["--shard", "2/2"])):
         folders[name] = base / name
@@ -168,8 +142,7 @@ def test_the_merged_report_of_two_shards_is_the_unsharded_runs(sharded, tmp_path
     total = json.loads((tmp_path / "merged" / "merged-summary.json").read_text())
     assert total["counts"] == one["counts"] and total["matrix"] == one["matrix"] and total["tests"] == one["tests"]
     assert {"EP1", "EP2"} <= set(one["matrix"]["reference-ep"]) and total["shards"] == [
-        {"k": 1, "n": 2},
-        {"k": 2, "n": 2},
+        {"k": k, "n": 2} for k in (1, 2)
     ]
     assert compare_runs.main(["--old", str(sharded["s1"]), "--old", str(sharded["s2"]), str(sharded["whole"])]) == 0
 
@@ -185,3 +158,157 @@ def test_a_test_in_two_shards_is_an_input_error(sharded, tmp_path, capsys):
     assert len(err) == 1 and "ran in shard 1/2" in err[0] and "a test belongs to one shard" in err[0], err
     assert compare_runs.main(["--old", str(sharded["s1"]), "--old", str(twin), str(sharded["whole"])]) == cli.INPUT
     assert report.main([str(sharded["s1"]), str(sharded["s2"])]) == cli.INPUT  # several folders need --out
+
+
+def test_ci_test_sh_accepts_an_existing_results_folder_outside_the_checkout(tmp_path):
+    """With no path argument pytest must still find the suite's ini (it takes an existing folder for where to look)."""
+    argv = [
+        "bash",
+        "ci/test.sh",
+        "--results-dir",
+        str(tmp_path),
+        "-m",
+        "cpu",
+        "--co",
+        "-q",
+        "-k",
+        "test_ranks_run_below",
+    ]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "test_ranks_run_below_the_pytest_process_priority" in done.stdout
+
+
+# ---------------------------------------------------------------- --shard K/N (fixtures.plugin.shard)
+# subject tests on rank pools at two EP sizes (two pools), and tests of three modules without one
+TARGET = "suites/conformance/test_generic.py suites/harness/test_settings.py suites/harness/test_outcomes.py"
+TARGET = [*TARGET.split(), "suites/harness/test_pool_order.py", "--impl", "reference-ep", "--ep", "1,2"]
+_POOL = re.compile(r"\[(reference-ep)-EP(\d+)[\]-]")
+
+
+def _collect(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "pytest", "--co", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", *args]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+
+
+def _ids(*args: str) -> list[str]:
+    done = _collect(*TARGET, *args)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return [line for line in done.stdout.splitlines() if "::" in line]
+
+
+def _group(nodeid: str) -> str:
+    found = _POOL.search(nodeid)
+    return f"EP{found.group(2)}" if found else nodeid.split("::")[0]
+
+
+def test_the_shards_partition_the_tests_and_keep_each_pool_whole():
+    every = _ids()
+    parts = {k: _ids("--shard", f"{k}/3") for k in (1, 2, 3)}
+    assert len(every) == len(set(every)) and len({_group(t) for t in every}) >= 4, every
+    union = [t for part in parts.values() for t in part]
+    assert sorted(union) == sorted(every), set(union) ^ set(every)  # union = all, and no test twice
+    assert all(parts.values()), {k: len(p) for k, p in parts.items()}  # every shard got some
+    where = {}
+    for k, part in parts.items():
+        for t in part:
+            where.setdefault(_group(t), set()).add(k)
+    assert all(len(ks) == 1 for ks in where.values()), where  # a pool's (and a module's) tests in one shard
+    assert {g for g in where if g.startswith("EP")} == {"EP1", "EP2"}
+
+
+def test_two_processes_make_the_same_split():
+    assert _ids("--shard", "2/3") == _ids("--shard", "2/3")
+    env_split = _collect(*TARGET, env={"MOE_SHARD": "2/3"})
+    assert [line for line in env_split.stdout.splitlines() if "::" in line] == _ids("--shard", "2/3")
+
+
+def test_the_split_is_a_balanced_greedy_over_sorted_keys():
+    assert shard.assign({"b": 3, "a": 3, "c": 2, "d": 1}, 2) == {"a": 1, "b": 2, "c": 1, "d": 2}
+    assert shard.assign({"x": 5}, 3) == {"x": 1}
+
+
+@pytest.mark.parametrize(
+    "args, env, said",
+    [
+        (["--shard", "3/2"], {}, "--shard '3/2': expected K/N, integers with 1 <= K <= N"),
+        (["--shard", "x"], {}, "--shard 'x': expected K/N"),
+        (["--shard", "0/2"], {}, "--shard '0/2': expected K/N"),
+        (["--shard", "1/0"], {}, "--shard '1/0': expected K/N"),
+        ([], {"MOE_SHARD": "3/2"}, "MOE_SHARD='3/2': expected K/N, integers with 1 <= K <= N"),
+    ],
+    ids=["k-above-n", "not-a-fraction", "k-zero", "n-zero", "env"],
+)
+def test_a_bad_shard_is_one_usage_error_line(args, env, said):
+    done = _collect("suites/harness/test_settings.py", *args, env=env)
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR and len(lines) == 1 and said in lines[0], lines
+
+
+# ---------------------------------------------------------------- how a pytest process ends: its own status, or the test it died in
+FAKE_CUDA_AND_CRASH = """
+import atexit, os, signal
+import torch
+torch.cuda.is_available = lambda: True
+torch.cuda.is_initialized = lambda: True
+atexit.register(lambda: os.kill(os.getpid(), signal.SIGSEGV))
+"""
+
+
+def _child(tmp_path: Path, body: str, **env) -> int:
+    (tmp_path / "fake_cuda_crash.py").write_text(FAKE_CUDA_AND_CRASH)
+    (tmp_path / "test_child.py").write_text(f"def test_it():\n    {body}\n")
+    run_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)]), **env}
+    argv = [
+        sys.executable,
+        *"-m pytest -q -p no:cacheprovider -p fake_cuda_crash -p fixtures.plugin.clean_exit -c".split(),
+    ]
+    argv += [os.devnull, "--rootdir", str(tmp_path), str(tmp_path / "test_child.py")]
+    return subprocess.run(argv, cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=120).returncode
+
+
+@pytest.mark.parametrize("body, status", [("assert True", 0), ("assert False", 1)])
+def test_pytests_status_survives_a_crashing_teardown(tmp_path, body, status):
+    assert _child(tmp_path, body) == status
+
+
+def test_a_child_of_an_xdist_worker_exits_cleanly_too(tmp_path):
+    """It inherits PYTEST_XDIST_WORKER but is no worker (two workers on 2 cores: -11 here)."""
+    assert _child(tmp_path, "assert True", PYTEST_XDIST_WORKER="gw1", PYTEST_XDIST_WORKER_COUNT="2") == 0
+
+
+def test_without_the_plugin_the_crash_shows(tmp_path):
+    assert _child(tmp_path, "assert True", MOE_CLEAN_EXIT="0") == -signal.SIGSEGV
+
+
+# ---------------------------------------------------------------- a process that dies in a test leaves its name (fixtures.core.results.mark_running)
+# a test with no costly fixture
+VICTIM = "suites/harness/test_compare_runs.py::test_a_run_whose_every_case_failed_is_a_regression_not_incomparable"
+# ends the process inside the test's call, as the dynamic loader does (no teardown, no sessionfinish, no summary)
+DIE_IN_CALL = "import os\ndef pytest_runtest_call(item):\n    os._exit(127)\n"
+
+
+def _run_victim(tmp_path: Path, *plugins: str) -> subprocess.CompletedProcess:
+    (tmp_path / "die_in_call.py").write_text(DIE_IN_CALL)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
+    argv = [sys.executable, "-m", "pytest", "--rootdir", str(ROOT), "-c", str(ROOT / "pytest.ini"), "-q"]
+    argv += ["-p", "no:cacheprovider", "--results-dir", str(tmp_path / "res"), *plugins, VICTIM]
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_process_that_dies_in_a_test_leaves_its_name_and_the_report_quotes_it(tmp_path):
+    done = _run_victim(tmp_path, "-p", "die_in_call")
+    assert done.returncode == 127 and "passed" not in done.stdout, done.stdout[-2000:]
+    res = tmp_path / "res"
+    assert (run_folder.latest(res) / "running-main.txt").read_text().splitlines()[0] == VICTIM  # in its run folder
+    (res / "env.json").write_text(json.dumps({"phases": {"all": {"exit": 127, "seconds": 9.0}}}))
+    report.write(res)
+    text = (res / "report.md").read_text()
+    assert f"**pytest ended inside `{VICTIM}`** (its process died there" in text, text
+
+
+def test_a_finished_session_leaves_no_marker(tmp_path):
+    done = _run_victim(tmp_path)
+    assert done.returncode == 0, done.stdout[-2000:]
+    assert not list((tmp_path / "res").rglob("running-*.txt"))

@@ -18,52 +18,22 @@ from fixtures import settings
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
 
-# One value each declared variable refuses; the others take any text (paths, URLs checked by their readers,
-# implementation names checked at configure time: test_an_unknown_impl_is_one_usage_error).
-INVALID = {
-    "MOE_CONFORMANCE_EP": "1,two",
-    "MOE_HYPOTHESIS_PROFILE": "device",
-    "MOE_HYPOTHESIS_EXAMPLES": "0",
-    "MOE_MODEL_EP": "some",
-    "MOE_WORKERS": "-1",
-    "MOE_CASE_TIMEOUT": "abc",
-    "MOE_JIT_TIMEOUT": "0",
-    "MOE_COLLECTIVE_TIMEOUT": "-5",
-    "MOE_POOL_STARTUP_TIMEOUT": "inf",
-    "MOE_MAX_POOLS": "0",
-    "MOE_POOL_PREFETCH": "maybe",
-    "MOE_POOL_WARMUP": "2",
-    "MOE_MAX_LAYERS": "1.5",
-    "MOE_HOST_THREADS": "zero",
-    "MOE_RANK_NICE": "20",
-    "MOE_ORACLE_CACHE_GB": "-1",
-    "MOE_GPU_MAX_HIDDEN": "2k",
-    "MOE_GPU_MAX_INTERMEDIATE": "0",
-    "MOE_F13_TORCH_INTERLEAVE": "2",
-    "MOE_CLEAN_EXIT": "nope",
-    "MOE_CUTE_DSL_CACHE": "maybe",
-    "MOE_GSM8K_URL": "ftp://example.org",
-    "MOE_USE_VENV": "yes",
-    "MOE_POOL_ADDR": "localhost",
-    "MOE_POOL_AUTHKEY": "xyz",
-    "MOE_DIST_BACKEND": "mpi",
-    "MOE_PLACEMENT": "anywhere",
-    "MOE_SHARD": "3/2",
-    "MOE_PIN_WORKER_GPU": "2",
-    "MOE_GPU_LIST": "0,a",
-}
-FREE_TEXT = {
-    "MOE_CONFORMANCE_IMPL",
-    "MOE_RESULTS_DIR",
-    "MOE_GSM8K_DIR",
-    "MOE_GSM8K_CACHE",
-    "MOE_GSM8K_CONFIG",
-    "MOE_PYTHON",
-    "MOE_VENV",
-    "MOE_JIT_CACHE",
-    "MOE_JIT_AOT",
-    "MOE_OTHER_FLASHINFER",
-}
+# One value each declared variable refuses (NAME=value); the others take any text (paths, URLs checked by their
+# readers, implementation names checked at configure time: test_a_bad_option_is_one_usage_error).
+INVALID = dict(
+    pair.split("=", 1)
+    for pair in """MOE_CONFORMANCE_EP=1,two MOE_HYPOTHESIS_PROFILE=device MOE_HYPOTHESIS_EXAMPLES=0 MOE_MODEL_EP=some
+    MOE_WORKERS=-1 MOE_CASE_TIMEOUT=abc MOE_JIT_TIMEOUT=0 MOE_COLLECTIVE_TIMEOUT=-5 MOE_POOL_STARTUP_TIMEOUT=inf
+    MOE_MAX_POOLS=0 MOE_POOL_PREFETCH=maybe MOE_POOL_WARMUP=2 MOE_MAX_LAYERS=1.5 MOE_HOST_THREADS=zero MOE_RANK_NICE=20
+    MOE_ORACLE_CACHE_GB=-1 MOE_GPU_MAX_HIDDEN=2k MOE_GPU_MAX_INTERMEDIATE=0 MOE_F13_TORCH_INTERLEAVE=2
+    MOE_CLEAN_EXIT=nope MOE_CUTE_DSL_CACHE=maybe MOE_GSM8K_URL=ftp://example.org MOE_USE_VENV=yes
+    MOE_POOL_ADDR=localhost MOE_POOL_AUTHKEY=xyz MOE_DIST_BACKEND=mpi MOE_PLACEMENT=anywhere MOE_SHARD=3/2
+    MOE_PIN_WORKER_GPU=2 MOE_GPU_LIST=0,a""".split()
+)
+FREE_TEXT = set(
+    """MOE_CONFORMANCE_IMPL MOE_RESULTS_DIR MOE_GSM8K_DIR MOE_GSM8K_CACHE MOE_GSM8K_CONFIG MOE_PYTHON MOE_VENV
+    MOE_JIT_CACHE MOE_JIT_AOT MOE_OTHER_FLASHINFER""".split()
+)
 
 
 def test_every_declared_variable_has_an_invalid_value_here_or_takes_any_text():
@@ -131,31 +101,26 @@ def _usage_error(monkeypatch, **given) -> str:
     return message
 
 
-def test_an_unknown_impl_is_one_usage_error(monkeypatch):
-    message = _usage_error(monkeypatch, **{"--impl": ["nonexistent"]})
-    assert message.startswith("--impl: unknown implementation 'nonexistent'") and "reference-ep" in message, message
+@pytest.mark.parametrize(
+    "given, starts, also",
+    [
+        ({"--impl": ["nonexistent"]}, "--impl: unknown implementation 'nonexistent'", ["reference-ep"]),
+        ({"--hypothesis-profile": "device"}, "--hypothesis-profile 'device'", list(settings.PROFILE_NAMES)),
+        ({"--ep": "1,x"}, "--ep '1,x': expected EP sizes", []),
+        ({"--impl": ["reference-ep"], "--ep": "3"}, "--ep 3: no selected implementation supports EP3", []),
+        ({"--impl": ["reference-ep"], "--ep": "1,3"}, "--ep 1,3: no selected implementation supports EP3", []),
+    ],
+    ids=["unknown-impl", "unknown-hypothesis-profile", "non-integer-ep", "unsupported-ep-3", "unsupported-ep-1,3"],
+)
+def test_a_bad_option_is_one_usage_error(monkeypatch, given, starts, also):
+    message = _usage_error(monkeypatch, **given)
+    assert message.startswith(starts) and all(word in message for word in also), message
 
 
 def test_an_unknown_impl_from_the_environment_names_the_variable(monkeypatch):
     monkeypatch.setenv("MOE_CONFORMANCE_IMPL", "nonexistent")
     with pytest.raises(pytest.UsageError, match=r"^MOE_CONFORMANCE_IMPL: unknown implementation 'nonexistent'"):
         options.check(_Config())
-
-
-def test_an_unknown_hypothesis_profile_lists_the_valid_ones(monkeypatch):
-    message = _usage_error(monkeypatch, **{"--hypothesis-profile": "device"})
-    assert message.startswith("--hypothesis-profile 'device'") and all(n in message for n in settings.PROFILE_NAMES)
-
-
-def test_a_non_integer_ep_names_the_option(monkeypatch):
-    message = _usage_error(monkeypatch, **{"--ep": "1,x"})
-    assert message.startswith("--ep '1,x': expected EP sizes"), message
-
-
-@pytest.mark.parametrize("ep", ["3", "1,3"])
-def test_an_ep_size_no_selected_impl_supports_is_a_usage_error(monkeypatch, ep):
-    message = _usage_error(monkeypatch, **{"--impl": ["reference-ep"], "--ep": ep})
-    assert message.startswith(f"--ep {ep}: no selected implementation supports EP3"), message
 
 
 def test_an_ep_size_some_selected_impls_support_stays_a_skip_for_the_others(monkeypatch):
@@ -178,51 +143,28 @@ def test_the_docs_table_lists_users_variables_or_all_of_them():
 
 
 # ---------------------------------------------------------------- static: one place reads the environment
-ENV_READS = ("get", "pop", "setdefault")
-
-
 def _direct_reads(source: str) -> list[int]:
-    """Lines where ``source`` reads a MOE_* variable from an environ mapping (os.environ, os.getenv, a
-    parameter named environ), by literal name or through a module constant holding one."""
+    """Lines where ``source`` reads a MOE_* variable from an environ mapping (os.environ, os.getenv, a parameter
+    named environ), by literal name or through a module constant holding one."""
     tree = ast.parse(source)
-    names = {
-        t.id
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Assign)
-        and isinstance(node.value, ast.Constant)
-        and str(node.value.value).startswith("MOE_")
-        for t in node.targets
-        if isinstance(t, ast.Name)
-    }
+    nodes = list(ast.walk(tree))
+    assigns = [n for n in nodes if isinstance(n, ast.Assign) and str(getattr(n.value, "value", "")).startswith("MOE_")]
+    consts = {t.id for n in assigns for t in n.targets if isinstance(t, ast.Name)}
 
     def moe(node) -> bool:
-        return (isinstance(node, ast.Constant) and str(node.value).startswith("MOE_")) or (
-            isinstance(node, ast.Name) and node.id in names
-        )
+        return str(getattr(node, "value", "")).startswith("MOE_") or getattr(node, "id", None) in consts
 
     def environ(node) -> bool:
         return ast.unparse(node).split(".")[-1] == "environ"
 
-    hits = []
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Call)
-            and node.args
-            and moe(node.args[0])
-            and isinstance(node.func, ast.Attribute)
-            and ((node.func.attr in ENV_READS and environ(node.func.value)) or node.func.attr == "getenv")
-        ):
-            hits.append(node.lineno)
-        elif (
-            isinstance(node, ast.Subscript)
-            and isinstance(node.ctx, ast.Load)
-            and environ(node.value)
-            and moe(node.slice)
-        ):
-            hits.append(node.lineno)
-        elif isinstance(node, ast.Compare) and moe(node.left) and any(environ(c) for c in node.comparators):
-            hits.append(node.lineno)
-    return hits
+    def reads(n) -> bool:
+        if isinstance(n, ast.Call) and n.args and moe(n.args[0]) and isinstance(n.func, ast.Attribute):
+            return n.func.attr == "getenv" or (n.func.attr in ("get", "pop", "setdefault") and environ(n.func.value))
+        if isinstance(n, ast.Subscript):
+            return isinstance(n.ctx, ast.Load) and environ(n.value) and moe(n.slice)
+        return isinstance(n, ast.Compare) and moe(n.left) and any(environ(c) for c in n.comparators)
+
+    return [n.lineno for n in nodes if reads(n)]
 
 
 def _project_files(*suffixes: str) -> list[Path]:

@@ -1,9 +1,5 @@
-"""The project's static checks, run by the CPU tier: ruff's lint (undefined names, unused imports, redefinitions,
-complexity) and its formatter over every Python file, and the import layers' contracts (import-linter, `.importlinter`;
-docs/architecture.md). Their configuration is pyproject.toml's ``[tool.ruff]``.
-
-Much of the suite runs only on a GPU (the SM90 behaviour, fault and routing-op tests), never in the CPU CI: a name
-left undefined by a refactor there would reach the first GPU run instead of CI; ruff sees it here."""
+"""The project's static checks, run by the CPU tier: ruff's lint and formatter over every Python file (a name left
+undefined in a GPU-only test is seen here, not on the first GPU run), and the import layers' contracts (.importlinter)."""
 
 from __future__ import annotations
 
@@ -23,14 +19,8 @@ def _tool(name: str, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProces
     exe = BIN / name
     if not exe.exists():
         pytest.fail(f"no {name} next to {sys.executable}: install the test extra (pip install -e '.[test]')")
-    return subprocess.run(
-        [str(exe), *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
-    )
+    env = {"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONPATH": str(cwd)}
+    return subprocess.run([str(exe), *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_ruff_lint_finds_nothing():
@@ -68,14 +58,7 @@ def test_the_checks_see_an_undefined_name_and_a_forbidden_import(tmp_path):
                 package.with_suffix(".py").touch()
     (tree / "fixtures" / "compare.py").write_text("def f():\n    from ci import cli\n")
     (tree / ".importlinter").write_text(config)
-    done = subprocess.run(
-        [str(BIN / "lint-imports"), "--no-cache"],
-        cwd=tree,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"PATH": f"{BIN}:/usr/bin:/bin", "PYTHONPATH": str(tree)},
-    )
+    done = _tool("lint-imports", "--no-cache", cwd=tree)
     assert done.returncode == 1 and "the harness imports none of the commands built on it BROKEN" in done.stdout, (
-        done.stdout[-3000:]
+        done.stdout
     )

@@ -1,13 +1,24 @@
-"""fixtures.core.systematic on synthetic outputs: each statistic finds its fault through noise of the size a
-correct FP8 kernel shows (relative L2 ~0.006 against its recipe), and stays quiet on noise alone."""
+"""fixtures.core.systematic on synthetic outputs: each statistic finds its fault through noise of the size a correct FP8
+kernel shows (relative L2 ~0.006 against its recipe), and stays quiet on noise alone. tools/calibrate.py counts the
+statistics it judged and the false alarms (none on a correct implementation, some on a 1% scale), drawing every routing
+method of reference.routing's table, which the routing-op descriptors implement and name from."""
 
 from __future__ import annotations
+
+import dataclasses
+import json
+import random
 
 import pytest
 import torch
 
+from ci import cli
 from fixtures.core import systematic
+from fixtures.backends.flashinfer.routing_ops import OPS
+from reference import routing
+from reference.routing import METHOD_TABLE
 from reference.tolerances import PROVISIONAL_SYSTEMATIC as BOUNDS
+from tools import calibrate
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 T, K, H, E = 64, 4, 256, 8
@@ -69,9 +80,8 @@ def _row_jitter_case(seed: int, jitter: float = 2e-3):
 
 
 def test_row_correlated_noise_raises_nothing():
-    """The clean H200 kernels' false alarms: an element-wise standard error takes the H elements of
-    a row for H independent samples and alarms on most of these clean cases; the robust one counts the T
-    tokens, and stays quiet on every one."""
+    """An element-wise standard error (H samples a row) alarms on most clean cases, as on the clean H200 kernels;
+    the robust one counts the T tokens and stays quiet on every one."""
     robust = naive = 0
     for seed in range(20):
         terms, ids, ref, out = _row_jitter_case(seed)
@@ -98,9 +108,8 @@ def test_few_tokens_are_not_judged():
 
 
 def test_an_expert_lost_in_the_rounding_is_not_estimated():
-    """A hot expert and a slot at weight e^-8 (the one_expert / hot_expert patterns): the small expert's gain
-    is not measurable through a bf16 output (on the H200: 'expert 0 gain -2e-15, standard error 0' and
-    'gain 0.27' on clean kernels); it is left out, the hot expert is still judged."""
+    """A slot at weight e^-8 beside a hot expert: its gain is not measurable through a bf16 output (false H200 alarms);
+    it is left out, the hot expert is still judged."""
     terms, ids, _, _ = _case(2)
     small = (ids == 5).any(1, keepdim=True)
     terms = torch.where((ids == 5)[:, :, None], terms * 3e-4, terms)
@@ -119,3 +128,55 @@ def test_t_multiplier_grows_as_tokens_shrink():
 def test_an_empty_rank_is_not_judged():
     empty = torch.zeros(0, H, dtype=torch.float64)
     assert systematic.gain(empty, empty) is None and systematic.bias(empty, empty, empty) is None
+
+
+# ---------------------------------------------------------------- tools/calibrate.py counts the statistics it judged and the false alarms
+RECIPE_IMPL = "reference-ep[sm90_pull_fp8_blockwise]"
+
+
+def _summary(tmp_path, impl: str) -> dict:
+    out = tmp_path / "cal.json"
+    assert calibrate.main(["--impl", impl, *"--batches 6 --tokens 64 --models 0 --json".split(), str(out)]) == 0
+    return json.loads(out.read_text())["summary"]
+
+
+def test_a_correct_implementation_raises_no_false_alarm(tmp_path):
+    s = _summary(tmp_path, RECIPE_IMPL)
+    assert s["statistic_checks"] > 0 and s["false_alarms"] == 0, s
+
+
+def test_a_one_percent_scale_is_counted_as_alarms(tmp_path):
+    s = _summary(tmp_path, f"faulty:scale_1e-2@{RECIPE_IMPL}")
+    assert s["statistic_checks"] > 0 and s["false_alarms"] > 0, s
+
+
+def test_an_implementation_that_cannot_run_here_is_refused_with_its_reason(capsys):
+    assert calibrate.main(["--impl", "reference-ep", "--ep", "3"]) == cli.NOTHING_TESTED
+    assert "does not support EP3" in capsys.readouterr().out
+
+
+def _drawn(top_k: int) -> set[str]:
+    rng = random.Random(0)
+    return {calibrate.draw_method(rng, top_k) for _ in range(400)}
+
+
+def test_calibration_draws_every_routing_method_of_the_table():
+    """The tolerances are calibrated on every method the suite holds to them: none left out of the draw."""
+    assert _drawn(1) | _drawn(4) == set(routing.METHOD_TABLE)
+
+
+def test_a_method_added_to_the_table_is_drawn_for_calibration(monkeypatch):
+    new = routing.Method("NewMethod", lambda z, b: z, lambda z, s, ids: s.gather(1, ids))
+    monkeypatch.setitem(routing.METHOD_TABLE, "NewMethod", new)
+    assert "NewMethod" in _drawn(4)
+
+
+# ---------------------------------------------------------------- the routing-op descriptors name the table's methods
+def test_every_method_of_the_table_is_some_ops_method():
+    covered = {m for op in OPS for m in op.methods}
+    assert set(METHOD_TABLE) <= covered, f"no routing op implements {sorted(set(METHOD_TABLE) - covered)}"
+
+
+def test_an_op_naming_a_method_the_table_lacks_is_refused():
+    with pytest.raises(ValueError, match=r"\['DeepSeekV4'\] not in reference.routing.METHOD_TABLE"):
+        dataclasses.replace(OPS[0], methods=("DeepSeekV3", "DeepSeekV4"))

@@ -1,9 +1,6 @@
-"""torchrun as the launcher (fixtures.plugin.torchrun, fixtures.pools.inprocess): ``torchrun --nproc_per_node=2 -m pytest``
-on the CPU, with reference-ep and two faulty implementations, in a results folder of the test's own.
-
-One launch (``launch``) runs the EP-invariance test for the three and the probes of suites/harness/torchrun_probe.py;
-a second, with ``MOE_COLLECTIVE_TIMEOUT=3``, leaves rank 1 asleep in a forward. Each launch is bounded (300 s).
-"""
+"""torchrun as the launcher (fixtures.plugin.torchrun, fixtures.pools.inprocess): ``torchrun --nproc_per_node=2 -m pytest`` on
+the CPU runs the EP-invariance test for reference-ep and two faulty implementations and the probes of torchrun_probe.py;
+a second launch, with ``MOE_COLLECTIVE_TIMEOUT=3``, leaves rank 1 asleep in a forward."""
 
 from __future__ import annotations
 
@@ -29,35 +26,14 @@ SCALED = "torchrun_probe:ep_dependent_scale"  # wrong only in how EP1 and EP2 di
 
 
 def _torchrun_pytest(args: list[str], out: Path, **env_extra: str) -> subprocess.CompletedProcess:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("MOE_POOL_", "TORCHELASTIC", "PYTEST_", "MOE_CONFORMANCE_", "MOE_RESULTS_DIR"))
-    }
+    drop = ("MOE_POOL_", "TORCHELASTIC", "PYTEST_", "MOE_CONFORMANCE_", "MOE_RESULTS_DIR")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
     env.update(
-        PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "suites" / "harness")]),
-        MOE_WORKERS="0",
-        TORCHRUN_PROBE_DIR=str(out),
-        **env_extra,
+        PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'suites' / 'harness'}", MOE_WORKERS="0", TORCHRUN_PROBE_DIR=str(out)
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "--tee",
-        "3",
-        "-m",
-        "pytest",
-        "-q",
-        "-rA",
-        "-p",
-        "no:cacheprovider",
-        "--ep",
-        "2",
-        *args,
-    ]
+    launcher = "-m torch.distributed.run --standalone --nproc_per_node=2 --tee 3 -m pytest -q -rA -p no:cacheprovider"
+    cmd = [sys.executable, *launcher.split(), "--ep", "2", *args]
+    env.update(env_extra)
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -70,23 +46,9 @@ def _rank_lines(result: subprocess.CompletedProcess, rank: int) -> str:
 @pytest.fixture(scope="module")
 def launch(tmp_path_factory):
     out = tmp_path_factory.mktemp("torchrun")
-    result = _torchrun_pytest(
-        [
-            PROBE,
-            INVARIANCE,
-            "--impl",
-            "reference-ep",
-            "--impl",
-            "faulty:rank_zeroed",
-            "--impl",
-            SCALED,
-            "--results-dir",
-            str(out / "results"),
-            "--junitxml",
-            str(out / "results" / "junit.xml"),
-        ],
-        out,
-    )
+    impls = ["--impl", "reference-ep", "--impl", "faulty:rank_zeroed", "--impl", SCALED]
+    results_dir = ["--results-dir", str(out / "results"), "--junitxml", str(out / "results" / "junit.xml")]
+    result = _torchrun_pytest([PROBE, INVARIANCE, *impls, *results_dir], out)
     return result, out
 
 
@@ -133,11 +95,8 @@ def test_a_stuck_rank_is_named_by_rank_case_and_phase(tmp_path):
     result = _torchrun_pytest(
         [PROBE, "-k", "stuck", "--impl", "reference-ep"], tmp_path, MOE_COLLECTIVE_TIMEOUT="3", TORCHRUN_PROBE_HANG="1"
     )
-    assert result.returncode != 0
-    assert (
-        "RankFailure: case reference-ep/EP2/" in result.stdout
-        and "no answer from rank 1 (last phase: batch 0 forward" in result.stdout
-    ), result.stdout[-3000:]
+    assert result.returncode != 0 and "RankFailure: case reference-ep/EP2/" in result.stdout, result.stdout[-3000:]
+    assert "no answer from rank 1 (last phase: batch 0 forward" in result.stdout, result.stdout[-3000:]
 
 
 def test_the_backend_is_the_subjects_own():
@@ -151,9 +110,12 @@ def test_the_backend_is_the_subjects_own():
     assert moe_ep.dist_backend is None  # it bootstraps its own: the group it would start
     assert inprocess.subject_backend(moe_ep, (("MEGA_SINGLE_GPU_GLOO", "1"),)) == "gloo"
     assert inprocess.subject_backend(moe_ep) == "nccl"
-    assert inprocess.group_backend([("gloo", "cpu")]) == "gloo"
-    assert inprocess.group_backend([("nccl", "cuda")]) == "nccl"
-    assert inprocess.group_backend([("gloo", "cpu"), ("nccl", "cuda")]) == "cpu:gloo,cuda:nccl"
+    gloo, nccl = ("gloo", "cpu"), ("nccl", "cuda")
+    assert [inprocess.group_backend(g) for g in ([gloo], [nccl], [gloo, nccl])] == [
+        "gloo",
+        "nccl",
+        "cpu:gloo,cuda:nccl",
+    ]
     with pytest.raises(ValueError, match="launch them with torchrun separately"):
         inprocess.group_backend([("gloo", "cuda"), ("nccl", "cuda")])
 

