@@ -188,3 +188,25 @@ def test_a_fault_is_remembered_with_where_it_happened_and_moves_the_oracle_to_th
     assert oracle_device(gpu) == torch.device("cpu")
     cuda_health.check("suites/x.py::test_later")  # reported once, where it happened
     assert cuda_health.lost().startswith("suites/x.py::test_faulty")
+
+
+def test_a_static_activation_scale_is_drawn_inside_its_range():
+    """A recipe whose activations have a static scale draws no input beyond that scale's range (the per-tensor pull
+    kernel gave NaN there: reference.evidence.SM90_LAYERED_TREE); a recipe with dynamic scales still draws 1024."""
+    from fixtures.core.strategies import INPUT_SCALES, STATIC_SCALE_MAX_INPUT, input_scales
+
+    names = implementations_of({"sm90"}) + ["reference-ep"]
+    static = [n for n in names if load(n).contract.recipe.act.static_scale is not None]
+    dynamic = [n for n in names if n not in static]
+    assert static and dynamic, "both kinds of recipe are registered"
+    for name in static:
+        contract = load(name).contract
+        assert max(input_scales(contract.recipe)) <= STATIC_SCALE_MAX_INPUT, name
+
+        @settings(max_examples=30, derandomize=True, database=None, deadline=None, phases=[Phase.generate])
+        @given(scenarios(contract, 1))
+        def draw(scenario):
+            assert all(b.input_scale <= STATIC_SCALE_MAX_INPUT for b in scenario.batches), (name, scenario.to_json())
+
+        draw()
+    assert all(input_scales(load(n).contract.recipe) == INPUT_SCALES for n in dynamic)
