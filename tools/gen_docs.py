@@ -280,6 +280,14 @@ def render_bug_ledger() -> str:
 
     caught, applicable, misses = bug_ledger.cpu_rate()
     rows = bug_ledger.LEDGER
+    gpu = bug_ledger.gpu_pairs()
+    pairs = sum(gpu.values())
+
+    def gpu_cell(row):
+        counts = bug_ledger.gpu_counts(row)
+        if not sum(counts.values()):
+            return row.gpu
+        return f"{counts[bug_ledger.GPU_CAUGHT]} / {counts[bug_ledger.GPU_GAP]} / {counts[bug_ledger.GPU_WAITS]}"
 
     def sources(row):
         return ", ".join(f"[{s.ref}]({s.url})" for s in row.sources)
@@ -305,9 +313,19 @@ def render_bug_ledger() -> str:
         f"{len(rows)} rows; {len(rows) - applicable} do not apply to MegaMoE (router- or integration-side), and "
         "stay in the table with the reason.",
         "",
-        "**GPU: every row waits for a GPU.** `suites/flashinfer/test_gpu_faults.py` wraps each SM90 "
-        "implementation in each row's fault (and replays a captured CUDA graph with changed inputs); those tests "
-        "skip without a GPU and have not run.",
+        f"**GPU, measured once on an {bug_ledger.GPU_RUN}: of the {pairs} (row, SM90 kernel) pairs the wrappers "
+        f"cover, {gpu[bug_ledger.GPU_CAUGHT]} caught, {gpu[bug_ledger.GPU_GAP]} not caught, "
+        f"{gpu[bug_ledger.GPU_WAITS]} waiting ([log](../{bug_ledger.GPU_EVIDENCE})).** "
+        "`suites/flashinfer/test_gpu_faults.py` wraps each row's fault around each registered SM90 implementation and "
+        "searches the ci profile's drawn cases on the kernel's fixed layers for one the row's check fails. A pair not "
+        "caught is a coverage gap of those draws, not a kernel defect: the test holds it as a strict xfail, so the run "
+        "turns red the day the search catches it. `GPU_GAPS` in `fixtures/backends/bug_ledger.py` is the one table of "
+        f"the gaps; it transcribes the run's raw matrix (`{bug_ledger.GPU_RAW}/ledger-matrix.json`). Waiting: "
+        + "; ".join(f"`{k}`: {why}" for k, why in bug_ledger.GPU_UNMEASURED.items())
+        + "; and every kernel of the rows whose faults re-implement reference-ep and wrap no kernel ("
+        + ", ".join(f"`{r.id}`" for r in rows if r.gpu_wrapped and r.id not in bug_ledger.GPU_GAPS)
+        + "). The GPU column counts kernels: caught / not caught / waiting, of "
+        f"{len(bug_ledger.gpu_kernels())}; each row's section names the gaps.",
         "",
         "## Misses",
         "",
@@ -326,13 +344,13 @@ def render_bug_ledger() -> str:
         "",
         "## Rows",
         "",
-        "| class | MegaMoE | check | CPU fault | CPU (asserted) | GPU | sources |",
+        "| class | MegaMoE | check | CPU fault | CPU (asserted) | GPU (caught / not / waits) | sources |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         out.append(
             f"| [`{row.id}`](#{_slug(row.id)}) | {'yes' if row.applies_to_megamoe else 'no'} | `{row.check}` | "
-            f"{fault(row)} | {row.expected_cpu} | {row.gpu} | {sources(row)} |"
+            f"{fault(row)} | {row.expected_cpu} | {gpu_cell(row)} | {sources(row)} |"
         )
     for row in rows:
         out += [

@@ -155,7 +155,8 @@ def test_the_unwrapped_layer_passes_the_exact_case(name):
 
 # The bug ledger (fixtures/backends/bug_ledger.py) around every SM90 implementation: each applicable row's fault wraps the real
 # layer and must fail the row's check within the profile's drawn cases of the kernel's fixed layers (no new kernel
-# shape). Written without a GPU: these skip here and have not run, so every row's GPU status is "waits for a GPU".
+# shape). Measured once on an H200: the ledger's GPU_GAPS says around which kernels a row's fault was not caught, and
+# those pairs are strict xfails here (a catch turns the run red, and the table is updated); the rest must catch.
 # Faults that re-implement reference-ep's forward (a recipe variant, the EP offset) cannot wrap a real kernel.
 REFERENCE_ONLY = {
     "ue8m0_fc2_scale": "a recipe variant of reference-ep (the kernel's own FC2-input scale is what the "
@@ -171,13 +172,29 @@ def _ledger_rows():
     return [r for r in bug_ledger.applicable() if r.fault]
 
 
+def _ledger_param(name: str, row):
+    """The (kernel, row) pair, a strict xfail where the ledger measured the row's fault not caught around the kernel."""
+    from fixtures.backends import bug_ledger
+
+    marks = ()
+    if bug_ledger.gpu_outcome(row.id, name) == bug_ledger.GPU_GAP:
+        reason = (
+            f"ledger row {row.id}: fault {row.fault} around {name} was not caught by {row.check} on the "
+            f"{bug_ledger.GPU_RUN} within the ci profile's drawn cases of the kernel's fixed layers "
+            f"({bug_ledger.GPU_EVIDENCE}): a coverage gap of the suite, not a kernel defect. Strict: once the search "
+            "catches it, take the kernel out of the row's GPU_GAPS in fixtures/backends/bug_ledger.py"
+        )
+        marks = (pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=reason),)
+    return pytest.param(name, row, id=f"{name}-{row.id}", marks=marks)
+
+
 def _ledger_ep(name: str) -> int:
     """EP2 where the kernel runs there (rank > 0 and cross-rank routes are part of most rows), else EP1."""
     impl = load(name)
     return 2 if ep_skip_reason(name, impl.contract, 2) is None else 1
 
 
-@pytest.mark.parametrize("name, row", [pytest.param(n, r, id=f"{n}-{r.id}") for n in SM90 for r in _ledger_rows()])
+@pytest.mark.parametrize("name, row", [_ledger_param(n, r) for n in SM90 for r in _ledger_rows()])
 def test_ledger_fault_around_a_real_layer_is_caught(name, row):
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import strategies as st
@@ -248,7 +265,7 @@ def test_graph_replay_with_changed_inputs(name):
     impl = load(name)
     if not impl.contract.supports_masked_ids:
         pytest.skip(f"{name} is not held to -1 ids, which a fixed-shape replay uses for the rows past its count")
-    ctx = RankContext(0, 1, torch.device("cuda"))
+    ctx = RankContext(0, 1, torch.device("cuda", torch.cuda.current_device()))  # megamoe takes an indexed device only
     w13, w2 = make_weights(layer_case)
     cap = layer_case.capacity
     static = make_batch(layer_case, BatchCase(tokens=(cap,), seed=100), 1)

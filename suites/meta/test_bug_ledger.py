@@ -3,12 +3,15 @@ reference passes the same checks, and the catch rate over the rows that apply to
 
 Rule: at least ``CPU_RATE_FLOOR`` (90%) of the applicable rows caught. Today 26 of 27 (96.3%); the miss is
 swiglu_parameterized_alpha_bias_missing (no recipe declares SwiGLU alpha/beta). Each search draws small layers
-(``SMALL``) through the generic strategies, derandomized, at most ``LEDGER_EXAMPLES`` examples.
+(``SMALL``) through the generic strategies, derandomized, at most ``LEDGER_EXAMPLES`` examples. The table's measured
+GPU status (``GPU_GAPS``, which suites/flashinfer/test_gpu_faults.py turns into strict xfails) is checked for
+consistency here: registered SM90 kernel names, a status on every row with a fault, agreement with the run's raw matrix.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -85,12 +88,58 @@ def test_the_table_is_complete():
         assert r.check in CHECKS or r.check == "routing", f"{r.id}: check {r.check!r} is not registered"
         assert r.fault is None or r.fault in FAULTS, f"{r.id}: fault {r.fault!r} is not in faulty.FAULTS"
         assert (r.fault is None) == bool(r.miss), f"{r.id}: a row without a fault says why (miss), only then"
-        assert r.gpu == bug_ledger.GPU_WAITS, f"{r.id}: no GPU wrapper has run: its GPU status waits for a GPU"
         assert r.check != "routing" or r.fault is None, f"{r.id}: a routing-op row has no layer fault"
     drawn = {d for r in bug_ledger.applicable() for d in r.dimensions}
     assert drawn <= set(bug_ledger.DIMENSIONS), (
         f"dimensions no strategy accounts for: {drawn - set(bug_ledger.DIMENSIONS)}"
     )
+    _check_gpu_status(rows)
+
+
+def _check_gpu_status(rows) -> None:
+    """The measured GPU status (bug_ledger.GPU_GAPS) speaks of the registered SM90 kernels, each measured or waiting
+    with a reason, and of the rows the GPU wrappers run; every row with a fault has a status."""
+    from fixtures.core.selection import implementations_of
+
+    sm90 = set(implementations_of({"sm90"}))
+    measured, unmeasured = bug_ledger.GPU_MEASURED, bug_ledger.GPU_UNMEASURED
+    named = {*measured, *unmeasured, *(k for gaps in bug_ledger.GPU_GAPS.values() for k in gaps)}
+    assert named <= sm90, f"GPU status names kernels that are not registered SM90 implementations: {named - sm90}"
+    missing = sm90 - set(measured) - set(unmeasured)
+    assert not missing, f"SM90 kernels neither measured nor waiting (GPU_MEASURED, GPU_UNMEASURED): {missing}"
+    assert not set(measured) & set(unmeasured), f"kernels both measured and waiting: {set(measured) & set(unmeasured)}"
+    assert all(unmeasured.values()), "a kernel that waits says why"
+    wrapped = {r.id for r in rows if r.gpu_wrapped}
+    assert set(bug_ledger.GPU_GAPS) <= wrapped, (
+        f"GPU_GAPS rows the GPU wrappers do not run: {set(bug_ledger.GPU_GAPS) - wrapped}"
+    )
+    for row_id, gaps in bug_ledger.GPU_GAPS.items():
+        assert set(gaps) <= set(measured), f"{row_id}: a gap around a kernel whose outcomes are not evidence"
+        assert len(set(gaps)) == len(gaps), f"{row_id}: a kernel named twice"
+    for r in rows:
+        if r.fault:
+            assert r.gpu, f"{r.id}: a row with a fault has a GPU status"
+        counts = bug_ledger.gpu_counts(r)
+        assert sum(counts.values()) == (len(sm90) if r.gpu_wrapped else 0), f"{r.id}: {counts}"
+        assert (r.gpu == bug_ledger.GPU_WAITS) == (r.gpu_wrapped and r.id not in bug_ledger.GPU_GAPS), r.id
+    raw = ROOT / bug_ledger.GPU_RAW / "ledger-matrix.json"
+    if not raw.exists():
+        pytest.skip(f"no {bug_ledger.GPU_RAW} beside the code (an installed copy): the transcription is not checked")
+    _check_transcription(json.loads(raw.read_text()))
+
+
+def _check_transcription(matrix: dict[str, dict[str, dict[str, str]]]) -> None:
+    """GPU_GAPS transcribes the run's ledger-matrix.json: a gap where the wrapper failed (not caught), caught where it
+    passed, on the measured kernels; a row it does not list skipped around every measured kernel."""
+    want = {"failed": bug_ledger.GPU_GAP, "passed": bug_ledger.GPU_CAUGHT, "skipped": bug_ledger.GPU_WAITS}
+    wrong = []
+    for row_id, by_kernel in matrix.items():
+        for kernel in bug_ledger.GPU_MEASURED:
+            measured = want[by_kernel[kernel]["outcome"]]
+            if bug_ledger.gpu_outcome(row_id, kernel) != measured:
+                wrong.append(f"{row_id} around {kernel}: {bug_ledger.gpu_outcome(row_id, kernel)}, measured {measured}")
+    wrong += [f"{row_id}: in GPU_GAPS, not in the run" for row_id in set(bug_ledger.GPU_GAPS) - set(matrix)]
+    assert not wrong, f"GPU_GAPS disagrees with {bug_ledger.GPU_RAW}:\n" + "\n".join(wrong)
 
 
 CAUGHT_ROWS = [r for r in bug_ledger.LEDGER if r.fault]
@@ -133,3 +182,17 @@ def test_the_cpu_rate_is_computed_from_the_table_and_shown_in_the_docs():
     assert f"{caught} of {applicable}" in page and all(r.id in page for r in misses), "run python -m tools.gen_docs"
     readme = (ROOT / "README.md").read_text()
     assert re.search(rf"{caught} of {applicable}.*?bug-ledger\.md", readme, re.S), "README states the rate, with a link"
+
+
+def test_the_gpu_counts_are_computed_from_the_table_and_shown_in_the_docs():
+    gpu = bug_ledger.gpu_pairs()
+    caught, gaps, waits = gpu[bug_ledger.GPU_CAUGHT], gpu[bug_ledger.GPU_GAP], gpu[bug_ledger.GPU_WAITS]
+    page = (ROOT / "docs/bug-ledger.md").read_text()
+    assert f"{caught} caught, {gaps} not caught, {waits} waiting" in page, "run python -m tools.gen_docs"
+    readme = (ROOT / "README.md").read_text()
+    assert re.search(
+        rf"caught in {caught} of {caught + gaps} measured.*?other {gaps} are gaps.*?{waits} pairs wait.*?"
+        rf"{re.escape(bug_ledger.GPU_EVIDENCE)}",
+        readme,
+        re.S,
+    ), "README states the GPU counts, with a link to the log"
