@@ -298,8 +298,9 @@ def test_the_checks_see_a_reference_outside_and_a_bare_date(tmp_path):
     assert outside_references([code, run], tmp_path) == [first, ".ci/run:2: cp ../shared/gpu/x ."]
     dated, bare = dated_lines([code, run], tmp_path)
     assert len(dated) == 2 and bare == [first]
-    code.write_text("LOG = evidence.SESSION19  # the log\n")
-    assert run_log_lines([code], tmp_path) == ["mod.py:1: LOG = evidence.SESSION19  # the log"]
+    planted = "LOG = evidence." + "SESSION" + "19  # the log"  # spelled apart: the repository's own grep stays empty
+    code.write_text(planted + "\n")
+    assert run_log_lines([code], tmp_path) == ["mod.py:1: " + planted]
 
 
 def test_the_check_sees_a_citation_the_doc_does_not_hold(tmp_path):
