@@ -112,13 +112,16 @@ def expand_block_scales(scales: torch.Tensor, block: tuple[int, int], shape: tor
 
 def fp8_scales_from_amax(amax: torch.Tensor, fmax: float, scale: str, recip: bool = False) -> torch.Tensor:
     """Scale per block: amax / fmax (fp32; ``recip``: amax * RN(1/fmax), one rounding of the reciprocal
-    first, as kernels that multiply do) or its power of two rounded up (ue8m0); 1 for amax == 0."""
+    first, as kernels that multiply do) or its power of two rounded up (ue8m0); 1 for amax == 0, and 1 where
+    amax / fmax is below fp32's smallest normal: such a block (every value under 448 * 2^-126) rounds to zeros,
+    as on a GPU whose fp32 arithmetic flushes subnormals, instead of dividing by a subnormal scale whose
+    reciprocal overflows to inf (0 * inf: NaN)."""
     if scale not in ("fp32", "ue8m0"):
         raise ValueError(f"scale must be 'fp32' or 'ue8m0', got {scale!r}")
     amax = amax.float()
-    nonzero = amax > 0
     ratio = amax * torch.tensor(1.0 / fmax, dtype=torch.float32) if recip else amax / fmax
-    ratio = torch.where(nonzero, ratio, torch.ones_like(amax))
+    normal = ratio >= torch.finfo(torch.float32).tiny
+    ratio = torch.where(normal, ratio, torch.ones_like(amax))
     if scale == "ue8m0":
         ratio = pow2(exact_log2_ceil(ratio).clamp(-E8M0_BIAS, E8M0_BIAS))
     return ratio

@@ -84,3 +84,25 @@ def test_in_range_keeps_the_plain_bound():
     drifted = oracle + (out - oracle) / relative_l2(out, oracle) * 1.5 * RECIPE.tolerance.textbook_rel_l2
     with pytest.raises(ConformanceFailure, match=r"> 0\.12\n"):
         check_textbook(SUBJECT, IN_RANGE, RunResult([[drifted.float()]], 0))
+
+
+def test_a_non_finite_reference_stops_the_check_instead_of_passing_it():
+    """NaN in the reference makes every bound comparison false, so a check would pass whatever the kernel gave (the
+    FP4 recipes' reference gave NaN for an expert scaled by 1e-20: reference.evidence.SM90_LAYERED_TREE). Both the
+    comparison and the textbook check stop with the suite's own error instead."""
+    import dataclasses
+
+    import torch
+
+    from fixtures.core.compare import NonFiniteReference, compare
+
+    out = _recipe_output(IN_RANGE)
+    exp = expected(IN_RANGE, RECIPE)[0]
+    ref = exp.ref.clone()
+    ref[3, 5] = float("nan")
+    with pytest.raises(NonFiniteReference, match=r"token 3 \(global row 3\), element 5"):
+        compare(out, ref, exp.term_magnitude, RECIPE.tolerance)
+    run = RunResult([[out]], 0, expected=[dataclasses.replace(exp, ref=ref)])
+    with pytest.raises(NonFiniteReference):
+        check_textbook(SUBJECT, IN_RANGE, run)
+    assert compare(out, exp.ref, exp.term_magnitude, RECIPE.tolerance).ok and torch.isfinite(exp.ref).all()

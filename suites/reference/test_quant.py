@@ -80,6 +80,20 @@ def test_fp8_zero_tensor_and_zero_blocks_get_unit_scales():
     assert s.tolist() == [[1.0, 1.0], [1.0, (torch.tensor(3.0) / 448).item()]]
 
 
+@pytest.mark.parametrize("recip", [False, True])
+@pytest.mark.parametrize("amax", [2.78e-40, 1e-37, 448 * 2.0**-126 * 0.99])
+def test_fp8_a_block_below_the_smallest_normal_scale_rounds_to_zeros(amax, recip):
+    """A block whose scale would be subnormal rounds to zeros, never NaN: the reference gave NaN for a 1x64 block
+    of FC2 inputs at 2.8e-40 (an expert scaled by 1e-20: reference.evidence.SM90_LAYERED_TREE)."""
+    x = torch.zeros(2, 128)
+    x[0, :64] = torch.linspace(-amax, amax, 64)
+    x[1, 64:] = torch.randn(64)
+    kept = quant.fp8_round_trip(x[1:, 64:], block=(1, 64), scale_recip=recip, apply_recip=recip)
+    out = quant.fp8_round_trip(x, block=(1, 64), scale_recip=recip, apply_recip=recip)
+    assert torch.isfinite(out).all() and out[0].abs().sum() == 0
+    assert torch.equal(out[1:, 64:], kept)  # a block of normal values is rounded as before
+
+
 @st.composite
 def on_grid(draw, block, fmt="e4m3"):
     """A tensor whose every block is (fp8 codes) * (a power of two), with one element at +-fmax."""
