@@ -86,23 +86,37 @@ def test_in_range_keeps_the_plain_bound():
         check_textbook(SUBJECT, IN_RANGE, RunResult([[drifted.float()]], 0))
 
 
-def test_a_non_finite_reference_stops_the_check_instead_of_passing_it():
-    """NaN in the reference makes every bound comparison false, so a check would pass whatever the kernel gave (the
-    FP4 recipes' reference gave NaN for an expert scaled by 1e-20: reference.evidence.SM90_LAYERED_TREE). Both the
-    comparison and the textbook check stop with the suite's own error instead."""
+# The H200 case where the MXFP4 recipe's reference was NaN: one token, an expert scaled by 1e-20 among its routes.
+TINY_EXPERT = Scenario.from_json(
+    '{"batches":[{"bias_scale":0.0,"input_scale":4.0,"method":"Default","n_group":null,"pattern":"random"'
+    ',"permute_seed":null,"routed_scaling_factor":1.0,"seed":1,"slot_mask":null,"tokens":[1],"topk_group"'
+    ':null,"weight_gain":1.0}],"ep_size":1,"labels":[],"layer":{"capacity":64,"clamp_limit":7.0,"expert_g'
+    'ain_seed":null,"expert_perm_seed":null,"hidden":896,"intermediate":640,"num_experts":16,"top_k":8,"w'
+    'eight_kind":"expert_extremes","weight_seed":101}}'
+)
+
+
+def test_a_non_finite_reference_stops_the_test_instead_of_passing_it(monkeypatch):
+    """NaN in the reference makes every bound comparison false, so every check would pass whatever the kernel gave.
+    With the scale rule that gave NaN there (a subnormal FP8 block scale whose reciprocal overflows:
+    reference.evidence.SM90_LAYERED_TREE), the oracle stops with the suite's own error; with today's, it is finite."""
     import dataclasses
 
     import torch
 
-    from fixtures.core.compare import NonFiniteReference, compare
+    from fixtures.core import oracle
+    from reference import quant
+    from reference.recipes import SM90_PULL_FP8_MXFP4
 
-    out = _recipe_output(IN_RANGE)
-    exp = expected(IN_RANGE, RECIPE)[0]
-    ref = exp.ref.clone()
-    ref[3, 5] = float("nan")
-    with pytest.raises(NonFiniteReference, match=r"token 3 \(global row 3\), element 5"):
-        compare(out, ref, exp.term_magnitude, RECIPE.tolerance)
-    run = RunResult([[out]], 0, expected=[dataclasses.replace(exp, ref=ref)])
-    with pytest.raises(NonFiniteReference):
-        check_textbook(SUBJECT, IN_RANGE, run)
-    assert compare(out, exp.ref, exp.term_magnitude, RECIPE.tolerance).ok and torch.isfinite(exp.ref).all()
+    recipe = dataclasses.replace(SM90_PULL_FP8_MXFP4, clamp_limit=TINY_EXPERT.layer.clamp_limit)
+    assert torch.isfinite(expected(TINY_EXPERT, recipe)[0].ref).all()
+
+    def subnormal_scales(amax, fmax, scale, recip=False):  # the rule before: only amax == 0 got a unit scale
+        amax = amax.float()
+        ratio = amax * torch.tensor(1.0 / fmax, dtype=torch.float32) if recip else amax / fmax
+        return torch.where(amax > 0, ratio, torch.ones_like(amax))
+
+    monkeypatch.setattr(quant, "fp8_scales_from_amax", subnormal_scales)
+    monkeypatch.setattr(oracle, "cached", lambda kind, key, device, make: make())  # no weights prepared before
+    with pytest.raises(oracle.NonFiniteReference, match=r"batch 1 has \d+ non-finite values"):
+        expected(TINY_EXPERT, recipe)
