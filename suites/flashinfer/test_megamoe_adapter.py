@@ -88,3 +88,10 @@ def test_the_strategies_draw_only_layers_the_package_accepts(path, data):
         mm.select_fused_plan(
             132, ep, layer.num_experts, layer.top_k, layer.hidden, layer.intermediate, layer.capacity, layer.capacity
         )
+
+
+def test_each_path_names_the_package_function_that_selects_its_plan():
+    """The adapter and the GPU tests call ``path.plan_selector`` by name: each is a function of the installed package,
+    and the three paths name three different ones (MXFP4 fused, NVFP4 fused, NVFP4 split)."""
+    assert all(callable(getattr(mm, p.plan_selector, None)) for p in PATHS), [p.plan_selector for p in PATHS]
+    assert len({p.plan_selector for p in PATHS}) == len(PATHS) == 3

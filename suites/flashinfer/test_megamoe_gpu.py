@@ -40,9 +40,7 @@ def _plan(path, ep: int, layer: LayerCase, m: int):
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     args = (sms, ep, layer.num_experts, layer.top_k, layer.hidden, layer.intermediate, layer.capacity, m)
-    if path.kernel_family is None:
-        return mm.select_mxfp4_fused_plan(*args)
-    return (mm.select_split_plan if path.kernel_family == "split" else mm.select_fused_plan)(*args)
+    return getattr(mm, path.plan_selector)(*args)
 
 
 def _recipe(path, plan):
