@@ -20,7 +20,7 @@ from fixtures.backends.faulty import one_expert_weights, resolution_faults, unif
 from fixtures.core.selection import ep_skip_reason, implementations_of
 from reference.moe import combine_terms, expert_owners, moe_terms, prepare_weights
 
-pytestmark = [pytest.mark.sm90, pytest.mark.rank_pool]
+pytestmark = [pytest.mark.sm90]  # each test on a rank pool is marked rank_pool; the graph replay runs in this process
 STRUCTURAL_FAULTS = ("gate_up_swapped", "slot_weight_dropped", "last_token_unwritten", "weight_bias")
 SM90 = implementations_of({"sm90"})  # registered names; no backend is named here
 
@@ -40,6 +40,7 @@ def _layer(name: str) -> LayerCase:
     return dataclasses.replace(multi_tile_layer(impl.contract, 1), weight_seed=31)
 
 
+@pytest.mark.rank_pool
 @pytest.mark.parametrize("name, fault", [pytest.param(n, f, id=f"{n}-{f}") for n in SM90 for f in _faults(n)])
 def test_fault_around_a_real_layer_is_caught(name, fault):
     spec = f"faulty:{fault}@{name}"
@@ -65,6 +66,7 @@ def test_fault_around_a_real_layer_is_caught(name, fault):
     print(line)
 
 
+@pytest.mark.rank_pool
 @pytest.mark.parametrize("name", SM90)
 def test_the_unwrapped_layer_passes_the_same_case(name):
     layer = _layer(name)
@@ -121,6 +123,7 @@ def _visible_case(name: str, fault: str) -> tuple[Scenario, int]:
 EXACT_FAULTS = ("scale_1e-3", "one_expert_scale_1e-2")  # issue 28: 0.1% and 1% on every SM90 backend, by `exact`
 
 
+@pytest.mark.rank_pool
 @pytest.mark.parametrize("name, fault", [pytest.param(n, f, id=f"{n}-{f}") for n in SM90 for f in EXACT_FAULTS])
 def test_exact_check_catches_a_fault_around_a_real_layer(name, fault):
     """A uniform 0.1% and a one-expert 1% scale, below most SM90 recipes' statistical resolution, fail the exact
@@ -143,6 +146,7 @@ def test_exact_check_catches_a_fault_around_a_real_layer(name, fault):
     print(line)
 
 
+@pytest.mark.rank_pool
 @pytest.mark.parametrize("name", SM90)
 def test_the_unwrapped_layer_passes_the_exact_case(name):
     """The control of the exact catches above: their cases on the unwrapped kernel are exact, so a catch is the
@@ -153,11 +157,13 @@ def test_the_unwrapped_layer_passes_the_exact_case(name):
         check_exact(subject, case, case.batches[0].seed)
 
 
-# The bug ledger (fixtures/backends/bug_ledger.py) around every SM90 implementation: each applicable row's fault wraps the real
-# layer and must fail the row's check within the profile's drawn cases of the kernel's fixed layers (no new kernel
-# shape). Measured once on an H200: the ledger's GPU_GAPS says around which kernels a row's fault was not caught, and
-# those pairs are strict xfails here (a catch turns the run red, and the table is updated); the rest must catch.
-# Faults that re-implement reference-ep's forward (a recipe variant, the EP offset) cannot wrap a real kernel.
+# The bug ledger (fixtures/backends/bug_ledger.py) around every SM90 implementation: each applicable row's fault wraps the
+# real layer and must fail the row's check within the profile's drawn cases of the kernel's fixed layers (no new
+# kernel shape). Measured once on an H200: the ledger's GPU_GAPS says around which kernels a row's fault was not
+# caught, and those pairs are strict xfails here (a catch turns the run red, and the table is updated); the rest must
+# catch. Faults that re-implement reference-ep's forward (a recipe variant, the EP offset) cannot wrap a real kernel.
+# The search runs on pools of its own (separate_pools): on a GPU host they start beside the tests that need no pool,
+# on their worker, while the conformance tests keep theirs.
 REFERENCE_ONLY = {
     "ue8m0_fc2_scale": "a recipe variant of reference-ep (the kernel's own FC2-input scale is what the "
     "continuity check holds on a GPU: suites/conformance test_check[continuity])",
@@ -172,8 +178,15 @@ def _ledger_rows():
     return [r for r in bug_ledger.applicable() if r.fault]
 
 
+def _ledger_ep(name: str) -> int:
+    """EP2 where the kernel runs there (rank > 0 and cross-rank routes are part of most rows), else EP1."""
+    impl = load(name)
+    return 2 if ep_skip_reason(name, impl.contract, 2) is None else 1
+
+
 def _ledger_param(name: str, row):
-    """The (kernel, row) pair, a strict xfail where the ledger measured the row's fault not caught around the kernel."""
+    """The (kernel, EP size, row) case, a strict xfail where the ledger measured the row's fault not caught around the
+    kernel. The EP size is a parameter, so the test is ordered and grouped with the pool it runs on."""
     from fixtures.backends import bug_ledger
 
     marks = ()
@@ -185,17 +198,13 @@ def _ledger_param(name: str, row):
             "catches it, take the kernel out of the row's GPU_GAPS in fixtures/backends/bug_ledger.py"
         )
         marks = (pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=reason),)
-    return pytest.param(name, row, id=f"{name}-{row.id}", marks=marks)
+    return pytest.param(name, _ledger_ep(name), row, id=f"{name}-{row.id}", marks=marks)
 
 
-def _ledger_ep(name: str) -> int:
-    """EP2 where the kernel runs there (rank > 0 and cross-rank routes are part of most rows), else EP1."""
-    impl = load(name)
-    return 2 if ep_skip_reason(name, impl.contract, 2) is None else 1
-
-
-@pytest.mark.parametrize("name, row", [_ledger_param(n, r) for n in SM90 for r in _ledger_rows()])
-def test_ledger_fault_around_a_real_layer_is_caught(name, row):
+@pytest.mark.rank_pool
+@pytest.mark.separate_pools
+@pytest.mark.parametrize("name, ep, row", [_ledger_param(n, r) for n in SM90 for r in _ledger_rows()])
+def test_ledger_fault_around_a_real_layer_is_caught(name, ep, row):
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import strategies as st
 
@@ -206,7 +215,6 @@ def test_ledger_fault_around_a_real_layer_is_caught(name, row):
     if row.fault in REFERENCE_ONLY:
         pytest.skip(f"{row.id}: fault {row.fault} is {REFERENCE_ONLY[row.fault]}")
     _layer(name)  # skips where the kernel does not run at EP1
-    ep = _ledger_ep(name)
     spec = f"faulty:{row.fault}@{name}"
     subject = Subject(spec, load(spec), ep)
     why = CHECKS[row.check].applies(subject.contract, ep) if row.check in CHECKS else "not a layer check"

@@ -141,6 +141,7 @@ def _collected() -> list[_Collected]:
         _Collected("reference EP1", _subject("reference-ep", 1)),
         _Collected("faulty EP2", _subject("faulty:rank_zeroed", 2)),
         _Collected("skipped EP4", _subject("reference-ep", 4), ["skip"]),
+        _Collected("separate EP2", {"name": "faulty:rank_zeroed", "ep": 2}, ["rank_pool", "separate_pools"]),
     ]
 
 
@@ -163,9 +164,10 @@ def _keys(items) -> list:
 )
 def test_the_scheduler_orders_groups_and_plans_the_pools_by_host(monkeypatch, host, sort, grouped):
     """The order and xdist groups of the collected tests and the upcoming pools: a GPU host's workers under --dist
-    loadgroup (not pinned to a GPU each) group the rank-pool tests in EP1 and larger EP sizes, each worker's upcoming
-    pools its group's from its first test of it; elsewhere each implementation (or module) is a group and the upcoming
-    pools are every test's in order, none of a test marked skip."""
+    loadgroup (not pinned to a GPU each) group the rank-pool tests in EP1 and larger EP sizes, and the tests without a
+    pool with those on separate pools after them; each worker's upcoming pools are its group's from its first test of
+    it, and a test without a pool starts its group's first pools beside it. Elsewhere each implementation (or module)
+    is a group and the upcoming pools are every test's in order, none of a test marked skip."""
     from fixtures.scheduling.scheduler import Host, Scheduler
 
     for name in ("MOE_MODEL_EP", "MOE_POOL_PREFETCH"):
@@ -177,7 +179,8 @@ def test_the_scheduler_orders_groups_and_plans_the_pools_by_host(monkeypatch, ho
     groups = {i.label: i.group for i in items}
     if grouped:
         want = {label: root.LARGER_EP_GROUP for label in ("reference EP2", "faulty EP2", "skipped EP4")}
-        want.update({"faulty EP1": root.EP1_GROUP, "reference EP1": root.EP1_GROUP, "other no pool": root.OTHER_GROUP})
+        want.update({"faulty EP1": root.EP1_GROUP, "reference EP1": root.EP1_GROUP})
+        want.update({"other no pool": root.OTHER_GROUP, "separate EP2": root.OTHER_GROUP})
         assert groups == want
     else:
         assert groups == {i.label: root.worker_order(i)[0] or i.module.__name__ for i in items}
@@ -186,13 +189,21 @@ def test_the_scheduler_orders_groups_and_plans_the_pools_by_host(monkeypatch, ho
     if not grouped:
         assert scheduler.upcoming == _keys(items) and not scheduler.by_group
         return
-    ep1 = [i for i in items if i.group == root.EP1_GROUP]
-    larger = [i for i in items if i.group == root.LARGER_EP_GROUP]
+    ep1, larger, other = (
+        [i for i in items if i.group == g] for g in (root.EP1_GROUP, root.LARGER_EP_GROUP, root.OTHER_GROUP)
+    )
     assert scheduler.upcoming == [] and scheduler.by_group == {
         root.EP1_GROUP: _keys(ep1),
         root.LARGER_EP_GROUP: _keys(larger),
+        root.OTHER_GROUP: _keys(other),
     }
-    scheduler.entering(items[0])  # a test without a pool: nothing changes
-    assert scheduler.owned is None and scheduler.upcoming == [] and not scheduler.prefetch_enabled()
-    scheduler.entering(ep1[0])
+    assert _keys(other) and [i.label for i in other] == ["other no pool", "separate EP2"]  # no pool first
+    started = []
+    scheduler.warm = {key: ("a warm-up case",) for keys in scheduler.by_group.values() for key in keys}
+    scheduler._ahead = lambda key: started.append(key) or key  # the pools it would start, none started for real
+    scheduler.entering(ep1[0])  # a test on a pool: the group is this worker's, its pool starts when the test asks
     assert scheduler.owned == root.EP1_GROUP and scheduler.upcoming == _keys(ep1) and scheduler.prefetch_enabled()
+    assert started == []
+    scheduler.entering(other[0])  # a test without a pool: its group's first pools start beside it
+    assert scheduler.owned == root.OTHER_GROUP and scheduler.upcoming == _keys(other) and started == _keys(other)
+    scheduler.pools.clear()
