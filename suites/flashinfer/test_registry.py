@@ -97,3 +97,28 @@ def test_an_accumulation_limit_names_a_declared_finding_and_bounds_the_drawn_lay
         assert contract.beyond_accumulation_limit(k, k) is None
         why = contract.beyond_accumulation_limit(2 * k, 64)
         assert why and f"FINDING {key}" in why, why
+
+
+def test_an_input_scale_limit_names_a_declared_finding_and_bounds_the_drawn_inputs():
+    """A megamoe path's input-scale limit (F20) points at a finding it declares and has a measured case. Under a
+    FlashInfer version the finding applies to, no drawn input scale goes beyond it; under another, every input
+    scale is drawn."""
+    from fixtures.backends.flashinfer.megamoe_adapter import contract_of as megamoe_contract
+    from fixtures.backends.flashinfer.megamoe_paths import PATHS
+    from fixtures.core import findings, strategies
+    from fixtures.core.problem import Scenario
+
+    limited = [p for p in PATHS if p.input_scale_limit]
+    assert limited, "no megamoe path declares an input-scale limit (F20 is declared by the MXFP4 fused path)"
+    for p in limited:
+        most, key = p.input_scale_limit
+        assert key in p.findings and key in findings.MEASURED_CASES, f"{p.name}: {key} undeclared or unmeasured"
+        contract = megamoe_contract(p)
+        drawn = strategies.input_scales_of(contract)
+        if not findings.applies(key):
+            assert contract.input_scale_limit is None and drawn == strategies.INPUT_SCALES
+            continue
+        assert contract.input_scale_limit[:2] == (most, key) and f"FINDING {key}" in contract.input_scale_limit[2]
+        assert drawn and max(drawn) <= most, f"{p.name} draws input scales {drawn} beyond {most}"
+        cases = [Scenario.from_json(c) for c in findings.MEASURED_CASES[key]]
+        assert all(b.input_scale > most for c in cases for b in c.batches), f"{key}'s cases are inside the limit"
