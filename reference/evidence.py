@@ -36,9 +36,11 @@ GPU_MEMORY_FULL = _DEC04 + "sm90-two-workers-memory-full.md"  # two workers, poo
 GPU_HOST_WORKERS = _DEC04 + "sm90-three-workers-and-fp4-accumulation.md"  # -m sm90 in 560 s on three workers; FP4
 PLAIN_PYTEST = _DEC05 + "plain-pytest-and-declared-ranges.md"  # pytest 9.2 and xdist groups; newest versions
 SM90_LAYERED_TREE = _DEC05 + "sm90-layered-tree.md"  # -m sm90 red after the ledger: static scales, GPU ledger gaps
+SM90_SEPARATE_POOLS = _DEC05 + "sm90-separate-pools.md"  # -m sm90 in 695 s, the ledger on its own pools; F20
 HARNESS_TRIM = _DEC05 + "harness-tests-merged-and-dropped.md"  # every harness test id merged, renamed or dropped
 
 LOGS = (
+    SM90_SEPARATE_POOLS,
     SM90_LAYERED_TREE,
     HARNESS_TRIM,
     PLAIN_PYTEST,
@@ -75,7 +77,9 @@ RAW_GREEN_FLOORS_HELD = _raw(_DEC01, "green-floors-held")  # two latency runs of
 RAW_NIGHTLY_GREEN = _raw(_DEC02, "nightly-green")  # the nightly's folder: report, JUnit, latency table
 RAW_RESTRUCTURE_UNCHANGED = _raw(_DEC02, "restructure-unchanged")  # bash ci/test.sh -m sm90 after the restructuring
 RAW_SM90_LAYERED_TREE = _raw(_DEC05, "sm90-layered-tree")  # ledger-matrix.json: each (ledger row, kernel) outcome
+RAW_SM90_SEPARATE_POOLS = _raw(_DEC05, "sm90-separate-pools")  # ledger-matrix.json, sweep.jsonl (F20)
 RAW = (
+    RAW_SM90_SEPARATE_POOLS,
     RAW_FLASHINFER_074_CALIBRATION,
     RAW_GREEN_FLOORS_HELD,
     RAW_NIGHTLY_GREEN,

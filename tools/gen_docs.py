@@ -287,7 +287,10 @@ def render_bug_ledger() -> str:
         counts = bug_ledger.gpu_counts(row)
         if not sum(counts.values()):
             return row.gpu
-        return f"{counts[bug_ledger.GPU_CAUGHT]} / {counts[bug_ledger.GPU_GAP]} / {counts[bug_ledger.GPU_WAITS]}"
+        cell = f"{counts[bug_ledger.GPU_CAUGHT]} / {counts[bug_ledger.GPU_GAP]} / {counts[bug_ledger.GPU_WAITS]}"
+        return cell + (
+            f" ({counts[bug_ledger.GPU_DOES_NOT_APPLY]} n/a)" if counts[bug_ledger.GPU_DOES_NOT_APPLY] else ""
+        )
 
     def sources(row):
         return ", ".join(f"[{s.ref}]({s.url})" for s in row.sources)
@@ -315,7 +318,8 @@ def render_bug_ledger() -> str:
         "",
         f"**GPU, measured once on an {bug_ledger.GPU_RUN}: of the {pairs} (row, SM90 kernel) pairs the wrappers "
         f"cover, {gpu[bug_ledger.GPU_CAUGHT]} caught, {gpu[bug_ledger.GPU_GAP]} not caught, "
-        f"{gpu[bug_ledger.GPU_WAITS]} waiting ([log](../{bug_ledger.GPU_EVIDENCE})).** "
+        f"{gpu[bug_ledger.GPU_WAITS]} waiting, {gpu[bug_ledger.GPU_DOES_NOT_APPLY]} where the row's check does not "
+        f"apply to the kernel's recipe ([log](../{bug_ledger.GPU_EVIDENCE})).** "
         "`suites/flashinfer/test_gpu_faults.py` wraps each row's fault around each registered SM90 implementation and "
         "searches the ci profile's drawn cases on the kernel's fixed layers for one the row's check fails. A pair not "
         "caught is a coverage gap of those draws, not a kernel defect: the test holds it as a strict xfail, so the run "
@@ -324,7 +328,7 @@ def render_bug_ledger() -> str:
         + "; ".join(f"`{k}`: {why}" for k, why in bug_ledger.GPU_UNMEASURED.items())
         + "; and every kernel of the rows whose faults re-implement reference-ep and wrap no kernel ("
         + ", ".join(f"`{r.id}`" for r in rows if r.gpu_wrapped and r.id not in bug_ledger.GPU_GAPS)
-        + "). The GPU column counts kernels: caught / not caught / waiting, of "
+        + "). The GPU column counts kernels: caught / not caught / waiting (and where the check does not apply), of "
         f"{len(bug_ledger.gpu_kernels())}; each row's section names the gaps.",
         "",
         "## Misses",
