@@ -177,15 +177,8 @@ def test_assembly_refuses_an_nvcc_of_another_cuda_major(tmp_path):
 def _builder(tmp_path: Path, cuda_home: Path, toolkit: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, CUDA_HOME=str(cuda_home), PYTHONPATH=str(ROOT), CXX="false", MAX_JOBS="1")
     env["FLASHINFER_WORKSPACE_BASE"] = str(tmp_path / "ws")
-    argv = [
-        sys.executable,
-        "-m",
-        "tools.build_jit_modules",
-        "--out",
-        str(tmp_path / "x.tgz"),
-        "--toolkit",
-        str(toolkit),
-    ]
+    argv = [sys.executable, "-m", "tools.build_jit_modules", "--out", str(tmp_path / "x.tgz")]
+    argv += ["--toolkit", str(toolkit)]
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -295,14 +288,7 @@ def test_the_load_check_finds_what_the_driver_rule_cannot(stubs, tmp_path):
     assert set(found) == {orphan} and "undefined symbol: nowhere" in found[orphan], found
     (made.parent / "libcuda.so.1").symlink_to(made)
     env = {**os.environ, "LD_LIBRARY_PATH": str(made.parent)}
-    argv = [
-        sys.executable,
-        "-m",
-        "ci.aot_linkage",
-        "--load",
-        "--names",
-        str(tmp_path / "driver"),
-        str(tmp_path / "plain"),
-    ]
+    argv = [sys.executable, "-m", "ci.aot_linkage", "--load", "--names", str(tmp_path / "driver")]
+    argv.append(str(tmp_path / "plain"))
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and not done.stdout, done.stdout + done.stderr  # the driver found: it loads
