@@ -38,9 +38,8 @@ def _torchrun_pytest(args: list[str], out: Path, **env_extra: str) -> subprocess
 
 
 def _rank_lines(result: subprocess.CompletedProcess, rank: int) -> str:
-    return "\n".join(
-        line.split(":", 1)[1] for line in result.stdout.splitlines() if line.startswith(f"[default{rank}]:")
-    )
+    prefix = f"[default{rank}]:"
+    return "\n".join(line.removeprefix(prefix) for line in result.stdout.splitlines() if line.startswith(prefix))
 
 
 @pytest.fixture(scope="module")
@@ -115,11 +114,8 @@ def test_the_backend_is_the_subjects_own():
     assert inprocess.subject_backend(moe_ep, (("MEGA_SINGLE_GPU_GLOO", "1"),)) == "gloo"
     assert inprocess.subject_backend(moe_ep) == "nccl"
     gloo, nccl = ("gloo", "cpu"), ("nccl", "cuda")
-    assert [inprocess.group_backend(g) for g in ([gloo], [nccl], [gloo, nccl])] == [
-        "gloo",
-        "nccl",
-        "cpu:gloo,cuda:nccl",
-    ]
+    groups = [inprocess.group_backend(g) for g in ([gloo], [nccl], [gloo, nccl])]
+    assert groups == ["gloo", "nccl", "cpu:gloo,cuda:nccl"], groups
     with pytest.raises(ValueError, match="launch them with torchrun separately"):
         inprocess.group_backend([("gloo", "cuda"), ("nccl", "cuda")])
 
