@@ -91,13 +91,9 @@ def test_ep_invariance_is_compared_with_ep1_on_each_rank(launch):
 
 
 def test_a_stuck_rank_is_named_by_rank_case_and_phase(tmp_path):
-    result = _torchrun_pytest(
-        [PROBE, "-k", "stuck", "--impl", "reference-ep"],
-        tmp_path,
-        MOE_COLLECTIVE_TIMEOUT="3",
-        MOE_JIT_TIMEOUT="10",  # also bounds how long the other ranks wait at exit for the stuck one
-        TORCHRUN_PROBE_HANG="1",
-    )
+    # MOE_JIT_TIMEOUT also bounds how long the other ranks wait at exit for the stuck one
+    env = {"MOE_COLLECTIVE_TIMEOUT": "3", "MOE_JIT_TIMEOUT": "10", "TORCHRUN_PROBE_HANG": "1"}
+    result = _torchrun_pytest([PROBE, "-k", "stuck", "--impl", "reference-ep"], tmp_path, **env)
     assert result.returncode != 0 and "RankFailure: case reference-ep/EP2/" in result.stdout, result.stdout[-3000:]
     assert "no answer from rank 1 (last phase: batch 0 forward" in result.stdout, result.stdout[-3000:]
 
