@@ -24,6 +24,7 @@ from reference.evidence import RAW_GREEN_FLOORS_HELD, RAW_NIGHTLY_GREEN
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
 ROOT = Path(__file__).resolve().parents[2]
+SPEC = "reference-ep[sm90_pull_fp8_blockwise]"
 
 
 def _run(folder: Path, impl: str, seed: int, profile: str = "dev") -> Path:
@@ -39,33 +40,21 @@ def _run(folder: Path, impl: str, seed: int, profile: str = "dev") -> Path:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("runs")
-    spec = "reference-ep[sm90_pull_fp8_blockwise]"
     # the faulty run without shrinking: its first failure record is all compare_runs reads (shrinking: ~70 s)
-    return {
-        "clean": _run(base / "clean", spec, 1),
-        "clean2": _run(base / "clean2", spec, 2),
-        "faulty": _run(base / "faulty", f"faulty:scale_1e-2@{spec}", 1, profile="no-shrink"),
-    }
+    faulty = _run(base / "faulty", f"faulty:scale_1e-2@{SPEC}", 1, profile="no-shrink")
+    for f in faulty.rglob("*.jsonl"):  # the clean implementation's name, as a regressed build would have
+        f.write_text(f.read_text().replace(f"faulty:scale_1e-2@{SPEC}", SPEC))
+    return {"clean": _run(base / "clean", SPEC, 1), "clean2": _run(base / "clean2", SPEC, 2), "faulty": faulty}
 
 
-def _relabel(folder: Path, impl_from: str, impl_to: str) -> None:
-    """Give a faulty copy's records the clean implementation's name, as a regressed build would have."""
-    for f in folder.rglob("*.jsonl"):
-        f.write_text(f.read_text().replace(impl_from, impl_to))
-
-
-def test_a_planted_fault_is_a_regression(runs, capsys):
-    spec = "reference-ep[sm90_pull_fp8_blockwise]"
-    _relabel(runs["faulty"], f"faulty:scale_1e-2@{spec}", spec)
-    code = compare_runs.main([str(runs["clean"]), str(runs["faulty"])])
-    out = capsys.readouterr().out
-    assert code == 1 and "REGRESSION new failure: [systematic]" in out, out
-
-
-def test_two_clean_runs_with_other_seeds_are_not(runs, capsys):
-    code = compare_runs.main([str(runs["clean"]), str(runs["clean2"])])
-    out = capsys.readouterr().out
-    assert code == 0 and "verdict: no regression" in out and "REGRESSION" not in out, out
+@pytest.mark.parametrize(
+    "new, code, said",
+    [("faulty", 1, "REGRESSION new failure: [systematic]"), ("clean2", 0, "verdict: no regression")],
+    ids=["planted-fault", "clean-other-seed"],
+)
+def test_a_planted_fault_is_a_regression_and_two_clean_runs_with_other_seeds_are_not(runs, capsys, new, code, said):
+    verdict, out = compare_runs.main([str(runs["clean"]), str(runs[new])]), capsys.readouterr().out
+    assert verdict == code and said in out and (code == 1 or "REGRESSION" not in out), out
 
 
 def test_folders_without_records_are_incomparable(runs, tmp_path):
@@ -76,10 +65,8 @@ def _folder(path: Path, errors: list[float], scenarios: list[str] | None = None,
     """A results folder of per-case records of implementation k at EP1: one per rel-L2 error (or metrics list)."""
     path.mkdir()
     rec = {"impl": "k", "ep": 1, "recipe": "r", "check": "oracle+textbook", "seconds": 1.0}
-    scenarios, metrics = (
-        scenarios or ["{}"] * len(errors),
-        metrics or [[{"batch": 0, "rank": 0, "rel_l2": e}] for e in errors],
-    )
+    scenarios = scenarios or ["{}"] * len(errors)
+    metrics = metrics or [[{"batch": 0, "rank": 0, "rel_l2": e}] for e in errors]
     lines = [json.dumps({**rec, "scenario": s, "metrics": m}) for s, m in zip(scenarios, metrics)]
     (path / "cases-main.jsonl").write_text("\n".join(lines) + "\n")
     return path
@@ -352,11 +339,8 @@ def test_the_cases_run_on_the_specs_both_versions_register(tmp_path, monkeypatch
     specs = upgrade_check.common_specs(sides, "sm90")
     assert len(specs) == 4 and not any("fp4" in s or "bf16_bf16_bf16_pull" in s for s in specs), specs
     seen = {}
-
-    class Done:
-        returncode = 0
-
-    monkeypatch.setattr(upgrade_check.subprocess, "run", lambda argv, **kw: seen.update(argv=argv) or Done())
+    ran = lambda argv, **kw: seen.update(argv=argv) or subprocess.CompletedProcess(argv, 0)
+    monkeypatch.setattr(upgrade_check.subprocess, "run", ran)
     stale = tmp_path / "r" / "cases-main.jsonl"  # an earlier check's records must not join this one's
     stale.parent.mkdir()
     stale.write_text("{}\n")

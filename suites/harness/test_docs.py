@@ -6,6 +6,7 @@ project stands on its own (issue 25): nothing outside evidence/ refers to ../sha
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -110,9 +111,6 @@ def test_readme_plugin_passes_and_a_broken_copy_fails(plugin_package):
 def test_readme_plugin_command_runs_as_printed_from_another_repository(tmp_path):
     """The README's command, typed in the user's own repository (outside the checkout): its relative PYTHONPATH names
     that repository, and the plugin's conformance run passes (one test of it, to keep the CPU tier short)."""
-    import os
-    import subprocess
-
     readme = (ROOT / "README.md").read_text()
     code = re.findall(r"```python\n(# my_kernels/plugin.py\n.*?)```", readme, re.S)[0]
     lines = re.findall(r"```bash\n(PYTHONPATH=\. bash <checkout>/ci/test\.sh [^\n]*)\n```", readme)
@@ -122,8 +120,7 @@ def test_readme_plugin_command_runs_as_printed_from_another_repository(tmp_path)
     (repo / "my_kernels" / "__init__.py").write_text("")
     (repo / "my_kernels" / "plugin.py").write_text(code)
     command = lines[0].replace("<checkout>", str(ROOT)) + " -k test_matches_reference -p no:cacheprovider"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "MOE_CONFORMANCE_"))}
-    env.pop("PYTHONPATH", None)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "MOE_CONFORMANCE_", "PYTHONPATH"))}
     env["MOE_WORKERS"] = "0"
     done = subprocess.run(["bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]

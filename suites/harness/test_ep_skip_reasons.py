@@ -58,8 +58,9 @@ def test_each_ep_size_runs_or_skips_with_its_reason_on_one_or_eight_h200s(gpus, 
     impls = _sm90()
     shares = {i.contract.ranks_share_device for i in impls}
     assert shares == {True, False}, "the SM90 descriptors no longer hold both kinds of EP placement"
+    assert not any(3 in i.contract.ep_sizes for i in impls), "EP3's skip is to say which EP sizes are supported"
     for impl in impls:
-        for ep in (1, 2, 4, 8):
+        for ep in (1, 2, 3, 4, 8):
             assert ep_skip_reason(impl.name, impl.contract, ep) == _expected_skip(impl, ep, count), (impl.name, ep)
 
 
@@ -82,20 +83,18 @@ def test_flashinfer_megamoe_runs_mxfp4_at_ep1_on_one_h200_and_names_the_gpus_its
             assert ep_skip_reason(impl.name, impl.contract, ep) is None, (impl.name, ep)
 
 
-def test_an_unsupported_ep_size_says_which_are_supported(gpus):
-    gpus(8)
-    impl = _sm90()[0]
-    assert ep_skip_reason(impl.name, impl.contract, 3) == (
-        f"{impl.name} does not support EP3 (supports {impl.contract.ep_sizes})"
-    )
-
-
-def test_a_missing_jit_prerequisite_skips_naming_it_and_its_remedy(gpus, monkeypatch):
-    monkeypatch.setenv("MOE_F13_TORCH_INTERLEAVE", "0")  # the stand-in turned off
+@pytest.fixture
+def needing(gpus, monkeypatch):
+    """The SM90 kernels that need FlashInfer's JIT module on one H200 without it, the stand-in turned off."""
+    monkeypatch.setenv("MOE_F13_TORCH_INTERLEAVE", "0")
     gpus(1, built=False)
-    needing = [i for i in _sm90() if i.contract.prerequisite and i.contract.prerequisite()]
-    if not needing:
+    found = [i for i in _sm90() if i.contract.prerequisite and i.contract.prerequisite()]
+    if not found:
         pytest.skip("the installed FlashInfer registers no SM90 kernel with a JIT prerequisite")
+    return found
+
+
+def test_a_missing_jit_prerequisite_skips_naming_it_and_its_remedy(gpus, needing):
     for impl in needing:
         why = ep_skip_reason(impl.name, impl.contract, 1)
         assert "fused_moe_90" in why and "python -m tools.prebuild_jit" in why and "F13" in why, why
@@ -104,12 +103,7 @@ def test_a_missing_jit_prerequisite_skips_naming_it_and_its_remedy(gpus, monkeyp
     assert all(ep_skip_reason(i.name, i.contract, 1) is None for i in needing)
 
 
-def test_the_interleave_stand_in_lifts_the_prerequisite_by_default(gpus, monkeypatch):
-    monkeypatch.setenv("MOE_F13_TORCH_INTERLEAVE", "0")  # which kernels need the module without the stand-in
-    gpus(1, built=False)
-    needing = [i for i in _sm90() if i.contract.prerequisite and i.contract.prerequisite()]
-    if not needing:
-        pytest.skip("the installed FlashInfer registers no SM90 kernel with a JIT prerequisite")
+def test_the_interleave_stand_in_lifts_the_prerequisite_by_default(needing, monkeypatch):
     monkeypatch.delenv("MOE_F13_TORCH_INTERLEAVE", raising=False)
     assert all(i.contract.prerequisite() is None for i in needing)
 

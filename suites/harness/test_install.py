@@ -127,15 +127,9 @@ def setup_sh(tmp_path):
     (tmp_path / "bin" / "python3").write_text(FAKE_PYTHON3)
     (tmp_path / "bin" / "python3").chmod(0o755)
     log = tmp_path / "setup.log"
-    env = {
-        **os.environ,
-        "HOME": str(tmp_path),
-        "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
-        "SETUP_LOG": str(log),
-        "MOE_OTHER_FLASHINFER": "0.7.2.post1",
-    }
-    for name in ("MOE_VENV", "MOE_PYTHON", "MOE_USE_VENV"):
-        env.pop(name, None)
+    env = {k: v for k, v in os.environ.items() if k not in ("MOE_VENV", "MOE_PYTHON", "MOE_USE_VENV")}
+    env.update(HOME=str(tmp_path), PATH=f"{tmp_path / 'bin'}:{os.environ['PATH']}", SETUP_LOG=str(log))
+    env["MOE_OTHER_FLASHINFER"] = "0.7.2.post1"
 
     def run() -> list[list[str]]:
         log.write_text("")

@@ -48,9 +48,8 @@ def _with_one_failure(tmp_path: Path) -> Path:
 
 
 def _run(*args) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "ci.outcomes", *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
+    argv = [sys.executable, "-m", "ci.outcomes", *map(str, args)]
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def test_two_runs_compare_by_cell(tmp_path):

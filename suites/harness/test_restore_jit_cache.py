@@ -121,40 +121,34 @@ def _restore(tarball: Path, aot: Path, installed: str, **env) -> str:
     return done.stdout
 
 
-@NEEDS_CC
-def test_modules_land_where_flashinfer_looks(tmp_path):
-    aot = tmp_path / "site" / "flashinfer" / "data" / "aot"
-    said = _restore(_tarball(tmp_path, "0.7.4"), aot, "0.7.4")
-    built = tmp_path / "src/flashinfer-aot/mod_abc/mod_abc.so"
-    assert (aot / "mod_abc" / "mod_abc.so").read_bytes() == built.read_bytes()
-    assert not (aot / "BUILD_INFO").exists() and "installed 1 of 1 FlashInfer AOT modules" in said, said
+CALLS = "calls the CUDA driver (cuLibraryLoadData)"
 
 
 @NEEDS_CC
-def test_a_module_that_would_end_the_run_is_not_installed(tmp_path):
-    """A module calling the driver without libcuda.so.1 among its NEEDED libraries (the H200's crash,
-    reference.evidence.AOT_CRASH_AND_CUT_SHORT) is left out by name and symbol, for FlashInfer to compile."""
-    aot = tmp_path / "aot"
-    said = _restore(_tarball(tmp_path, "0.7.4", unfit=True), aot, "0.7.4")
-    assert (aot / "mod_abc" / "mod_abc.so").exists() and not (aot / "mod_bad").exists(), said
-    assert "not installed: mod_bad.so calls the CUDA driver (cuLibraryLoadData)" in said, said
-    assert "installed 1 of 2 FlashInfer AOT modules" in said, said
-
-
-@NEEDS_CC
-def test_no_module_is_installed_when_the_check_cannot_run(tmp_path):
-    """A check that did not run (no working python3 here) is no pass: nothing is installed unchecked."""
-    fake = tmp_path / "bin"
-    fake.mkdir()
-    (fake / "python3").write_text("#!/bin/sh\nexit 3\n")
-    (fake / "python3").chmod(0o755)
-    aot = tmp_path / "aot"
-    said = _restore(_tarball(tmp_path, "0.7.4"), aot, "0.7.4", PATH=f"{fake}:{os.environ['PATH']}")
-    assert not aot.exists() and "exited 3 and named none: no AOT module installed" in said, said
-
-
-@NEEDS_CC
-def test_modules_of_another_version_are_not_installed(tmp_path):
-    aot = tmp_path / "aot"
-    said = _restore(_tarball(tmp_path, "0.7.2.post1"), aot, "0.7.4")
-    assert not aot.exists() and "are for flashinfer-python 0.7.2.post1, this host has 0.7.4" in said, said
+@pytest.mark.parametrize(
+    "built_for, unfit, no_python3, said",
+    [
+        ("0.7.4", False, False, ["installed 1 of 1 FlashInfer AOT modules"]),
+        # a module calling the driver without libcuda.so.1 among its NEEDED libraries (the H200's crash,
+        # reference.evidence.AOT_CRASH_AND_CUT_SHORT) is left out by name and symbol, for FlashInfer to compile
+        ("0.7.4", True, False, [f"not installed: mod_bad.so {CALLS}", "installed 1 of 2 FlashInfer AOT modules"]),
+        # a check that did not run (no working python3 here) is no pass: nothing is installed unchecked
+        ("0.7.4", False, True, ["exited 3 and named none: no AOT module installed"]),
+        ("0.7.2.post1", False, False, ["are for flashinfer-python 0.7.2.post1, this host has 0.7.4"]),
+    ],
+    ids=["fit", "unfit-module-left-out", "check-cannot-run", "another-version"],
+)
+def test_the_checked_modules_of_this_version_land_where_flashinfer_looks(tmp_path, built_for, unfit, no_python3, said):
+    aot, fake = tmp_path / "site" / "flashinfer" / "data" / "aot", tmp_path / "bin" / "python3"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nexit 3\n")
+    fake.chmod(0o755)
+    path = f"{fake.parent}:{os.environ['PATH']}" if no_python3 else os.environ["PATH"]
+    out = _restore(_tarball(tmp_path, built_for, unfit), aot, "0.7.4", PATH=path)
+    assert all(s in out for s in said), out
+    if built_for != "0.7.4" or no_python3:
+        assert not aot.exists(), out
+    else:
+        built = tmp_path / "src/flashinfer-aot/mod_abc/mod_abc.so"
+        assert (aot / "mod_abc" / "mod_abc.so").read_bytes() == built.read_bytes(), out
+        assert not (aot / "BUILD_INFO").exists() and not (aot / "mod_bad").exists(), out

@@ -40,8 +40,9 @@ def test_g(broken): pass
 WANT = {"passed": 2, "failed": 1, "skipped": 1, "xfailed": 1, "xpassed": 1, "error": 1}
 
 
-def _pytest(results: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MOE_HYPOTHESIS_PROFILE": "ci", "MOE_HYPOTHESIS_EXAMPLES": "1"}
+def _pytest(results: Path, *args: str, path: Path = ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{path}", "MOE_HYPOTHESIS_PROFILE": "ci"}
+    env["MOE_HYPOTHESIS_EXAMPLES"] = "1"
     argv = [sys.executable, "-m", "pytest", "-c", str(ROOT / "pytest.ini"), "--rootdir", str(ROOT), "-q"]
     argv += ["-p", "no:cacheprovider", "--results-dir", str(results), *args]
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -162,18 +163,7 @@ def test_a_test_in_two_shards_is_an_input_error(sharded, tmp_path, capsys):
 
 def test_ci_test_sh_accepts_an_existing_results_folder_outside_the_checkout(tmp_path):
     """With no path argument pytest must still find the suite's ini (it takes an existing folder for where to look)."""
-    argv = [
-        "bash",
-        "ci/test.sh",
-        "--results-dir",
-        str(tmp_path),
-        "-m",
-        "cpu",
-        "--co",
-        "-q",
-        "-k",
-        "test_ranks_run_below",
-    ]
+    argv = ["bash", "ci/test.sh", "--results-dir", str(tmp_path), *"-m cpu --co -q -k test_ranks_run_below".split()]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "test_ranks_run_below_the_pytest_process_priority" in done.stdout
@@ -260,11 +250,9 @@ def _child(tmp_path: Path, body: str, **env) -> int:
     (tmp_path / "fake_cuda_crash.py").write_text(FAKE_CUDA_AND_CRASH)
     (tmp_path / "test_child.py").write_text(f"def test_it():\n    {body}\n")
     run_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)]), **env}
-    argv = [
-        sys.executable,
-        *"-m pytest -q -p no:cacheprovider -p fake_cuda_crash -p fixtures.plugin.clean_exit -c".split(),
-    ]
-    argv += [os.devnull, "--rootdir", str(tmp_path), str(tmp_path / "test_child.py")]
+    plugins = "-p no:cacheprovider -p fake_cuda_crash -p fixtures.plugin.clean_exit".split()
+    argv = [sys.executable, "-m", "pytest", "-q", *plugins, "-c", os.devnull, "--rootdir", str(tmp_path)]
+    argv.append(str(tmp_path / "test_child.py"))
     return subprocess.run(argv, cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=120).returncode
 
 
@@ -291,10 +279,7 @@ DIE_IN_CALL = "import os\ndef pytest_runtest_call(item):\n    os._exit(127)\n"
 
 def _run_victim(tmp_path: Path, *plugins: str) -> subprocess.CompletedProcess:
     (tmp_path / "die_in_call.py").write_text(DIE_IN_CALL)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
-    argv = [sys.executable, "-m", "pytest", "--rootdir", str(ROOT), "-c", str(ROOT / "pytest.ini"), "-q"]
-    argv += ["-p", "no:cacheprovider", "--results-dir", str(tmp_path / "res"), *plugins, VICTIM]
-    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return _pytest(tmp_path / "res", *plugins, VICTIM, path=tmp_path)
 
 
 def test_a_process_that_dies_in_a_test_leaves_its_name_and_the_report_quotes_it(tmp_path):

@@ -69,10 +69,8 @@ def test_the_options_plugin_turns_an_invalid_value_into_a_usage_error(monkeypatc
 
 def test_an_invalid_value_stops_ci_test_sh_with_one_line():
     """The README's command with a bad value: one line naming the variable, no traceback, not exit 0."""
-    env = {**os.environ, "MOE_CASE_TIMEOUT": "abc"}
-    done = subprocess.run(
-        ["bash", "ci/test.sh", "--collect-only", "-q"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
+    env, argv = {**os.environ, "MOE_CASE_TIMEOUT": "abc"}, ["bash", "ci/test.sh", "--collect-only", "-q"]
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     # ci/setup.sh's own line (which Python it chose, and why) comes first
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     setup = [line for line in lines if line.startswith("ci/setup.sh: ")]

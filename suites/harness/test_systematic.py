@@ -134,20 +134,13 @@ def test_an_empty_rank_is_not_judged():
 RECIPE_IMPL = "reference-ep[sm90_pull_fp8_blockwise]"
 
 
-def _summary(tmp_path, impl: str) -> dict:
+@pytest.mark.parametrize("fault, alarms", [("", False), ("faulty:scale_1e-2@", True)], ids=["correct", "scale_1e-2"])
+def test_no_false_alarm_on_a_correct_implementation_and_some_on_a_one_percent_scale(tmp_path, fault, alarms):
+    impl = fault + RECIPE_IMPL
     out = tmp_path / "cal.json"
     assert calibrate.main(["--impl", impl, *"--batches 6 --tokens 64 --models 0 --json".split(), str(out)]) == 0
-    return json.loads(out.read_text())["summary"]
-
-
-def test_a_correct_implementation_raises_no_false_alarm(tmp_path):
-    s = _summary(tmp_path, RECIPE_IMPL)
-    assert s["statistic_checks"] > 0 and s["false_alarms"] == 0, s
-
-
-def test_a_one_percent_scale_is_counted_as_alarms(tmp_path):
-    s = _summary(tmp_path, f"faulty:scale_1e-2@{RECIPE_IMPL}")
-    assert s["statistic_checks"] > 0 and s["false_alarms"] > 0, s
+    s = json.loads(out.read_text())["summary"]
+    assert s["statistic_checks"] > 0 and (s["false_alarms"] > 0) == alarms, s
 
 
 def test_an_implementation_that_cannot_run_here_is_refused_with_its_reason(capsys):

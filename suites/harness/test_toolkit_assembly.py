@@ -177,15 +177,8 @@ def test_assembly_refuses_an_nvcc_of_another_cuda_major(tmp_path):
 def _builder(tmp_path: Path, cuda_home: Path, toolkit: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, CUDA_HOME=str(cuda_home), PYTHONPATH=str(ROOT), CXX="false", MAX_JOBS="1")
     env["FLASHINFER_WORKSPACE_BASE"] = str(tmp_path / "ws")
-    argv = [
-        sys.executable,
-        "-m",
-        "tools.build_jit_modules",
-        "--out",
-        str(tmp_path / "x.tgz"),
-        "--toolkit",
-        str(toolkit),
-    ]
+    argv = [sys.executable, "-m", "tools.build_jit_modules", "--out", str(tmp_path / "x.tgz")]
+    argv += ["--toolkit", str(toolkit)]
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -218,9 +211,7 @@ def test_a_complete_cuda_home_wins(tmp_path):
 def stubs(tmp_path):
     """An empty stub (soname only, as this project's CPU machine had) and one tools.driver_stub writes from a cuda.h."""
     empty = compile_so(tmp_path / "empty", "libcuda.so", "", soname="libcuda.so.1")
-    cuda = tmp_path / "cuda"
-    (cuda / "include").mkdir(parents=True)
-    (cuda / "include" / "cuda.h").write_text(FAKE_CUDA_H)
+    cuda = _tree(tmp_path / "cuda", nvcc=False)  # cuda.h alone
     made = cuda / "lib64" / "stubs" / "libcuda.so"
     assert driver_stub.write(cuda, made, CC) == 4  # the three declared, and cuCtxCreate's macro spelling
     return empty, made
@@ -239,26 +230,19 @@ def test_the_written_stub_defines_every_spelling_and_carries_the_soname(stubs):
     assert driver_stub.exports_driver(made) and not driver_stub.exports_driver(empty)
 
 
-def test_a_module_linked_against_an_empty_stub_is_unfit_and_the_loader_agrees(stubs, tmp_path):
-    empty, _ = stubs
-    module = compile_so(tmp_path / "bad", "mod.so", DRIVER_CALLER, f"-L{empty.parent}", "-lcuda")
+@pytest.mark.parametrize("stub, fit", [(0, False), (1, True)], ids=["empty-stub", "written-stub"])
+def test_a_module_is_fit_if_its_stub_defines_the_driver_and_the_loader_agrees(stubs, tmp_path, stub, fit):
+    """Linked against the empty stub: unfit, libcuda.so.1 not NEEDED, and the loader, with a libcuda.so.1 that does
+    define the symbol on its path, still cannot resolve it (on the GPU host the process has the driver open, not
+    global: the same effect). Linked against the written stub: fit, NEEDED, it loads."""
+    linked = stubs[stub]
+    module = compile_so(tmp_path / "mod", "mod.so", DRIVER_CALLER, f"-L{linked.parent}", "-lcuda")
     why = aot_linkage.unfit(module)
-    assert why and "cuLibraryLoadData" in why and "libcuda.so.1" in why, why
-    assert "libcuda.so.1" not in aot_linkage.needed(module)
-    # the loader, with a libcuda.so.1 that does define the symbol on its path, still cannot resolve it: the module
-    # does not ask for that library (on the GPU host the process has the driver open, not global: the same effect)
-    (empty.parent / "libcuda.so.1").symlink_to(stubs[1])
-    done = _loads_with_rtld_now(module, empty.parent)
-    assert done.returncode != 0 and "undefined symbol: cuLibraryLoadData" in done.stderr, done.stderr
-
-
-def test_a_module_linked_against_the_written_stub_is_fit_and_loads(stubs, tmp_path):
-    _, made = stubs
-    module = compile_so(tmp_path / "good", "mod.so", DRIVER_CALLER, f"-L{made.parent}", "-lcuda")
-    assert aot_linkage.unfit(module) is None and "libcuda.so.1" in aot_linkage.needed(module)
-    (made.parent / "libcuda.so.1").symlink_to(made)
-    done = _loads_with_rtld_now(module, made.parent)
-    assert done.returncode == 0, done.stderr
+    assert (why is None) == fit and ("libcuda.so.1" in aot_linkage.needed(module)) == fit, why
+    assert fit or ("cuLibraryLoadData" in why and "libcuda.so.1" in why), why
+    (linked.parent / "libcuda.so.1").symlink_to(stubs[1])
+    done = _loads_with_rtld_now(module, linked.parent)
+    assert (done.returncode == 0) == fit and (fit or "undefined symbol: cuLibraryLoadData" in done.stderr), done.stderr
 
 
 def test_a_module_without_driver_calls_is_fit_and_a_non_elf_file_is_not(tmp_path):
@@ -295,14 +279,7 @@ def test_the_load_check_finds_what_the_driver_rule_cannot(stubs, tmp_path):
     assert set(found) == {orphan} and "undefined symbol: nowhere" in found[orphan], found
     (made.parent / "libcuda.so.1").symlink_to(made)
     env = {**os.environ, "LD_LIBRARY_PATH": str(made.parent)}
-    argv = [
-        sys.executable,
-        "-m",
-        "ci.aot_linkage",
-        "--load",
-        "--names",
-        str(tmp_path / "driver"),
-        str(tmp_path / "plain"),
-    ]
+    argv = [sys.executable, "-m", "ci.aot_linkage", "--load", "--names", str(tmp_path / "driver")]
+    argv.append(str(tmp_path / "plain"))
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and not done.stdout, done.stdout + done.stderr  # the driver found: it loads

@@ -38,9 +38,8 @@ def _torchrun_pytest(args: list[str], out: Path, **env_extra: str) -> subprocess
 
 
 def _rank_lines(result: subprocess.CompletedProcess, rank: int) -> str:
-    return "\n".join(
-        line.split(":", 1)[1] for line in result.stdout.splitlines() if line.startswith(f"[default{rank}]:")
-    )
+    prefix = f"[default{rank}]:"
+    return "\n".join(line.removeprefix(prefix) for line in result.stdout.splitlines() if line.startswith(prefix))
 
 
 @pytest.fixture(scope="module")
@@ -92,13 +91,9 @@ def test_ep_invariance_is_compared_with_ep1_on_each_rank(launch):
 
 
 def test_a_stuck_rank_is_named_by_rank_case_and_phase(tmp_path):
-    result = _torchrun_pytest(
-        [PROBE, "-k", "stuck", "--impl", "reference-ep"],
-        tmp_path,
-        MOE_COLLECTIVE_TIMEOUT="3",
-        MOE_JIT_TIMEOUT="10",  # also bounds how long the other ranks wait at exit for the stuck one
-        TORCHRUN_PROBE_HANG="1",
-    )
+    # MOE_JIT_TIMEOUT also bounds how long the other ranks wait at exit for the stuck one
+    env = {"MOE_COLLECTIVE_TIMEOUT": "3", "MOE_JIT_TIMEOUT": "10", "TORCHRUN_PROBE_HANG": "1"}
+    result = _torchrun_pytest([PROBE, "-k", "stuck", "--impl", "reference-ep"], tmp_path, **env)
     assert result.returncode != 0 and "RankFailure: case reference-ep/EP2/" in result.stdout, result.stdout[-3000:]
     assert "no answer from rank 1 (last phase: batch 0 forward" in result.stdout, result.stdout[-3000:]
 
@@ -115,11 +110,8 @@ def test_the_backend_is_the_subjects_own():
     assert inprocess.subject_backend(moe_ep, (("MEGA_SINGLE_GPU_GLOO", "1"),)) == "gloo"
     assert inprocess.subject_backend(moe_ep) == "nccl"
     gloo, nccl = ("gloo", "cpu"), ("nccl", "cuda")
-    assert [inprocess.group_backend(g) for g in ([gloo], [nccl], [gloo, nccl])] == [
-        "gloo",
-        "nccl",
-        "cpu:gloo,cuda:nccl",
-    ]
+    groups = [inprocess.group_backend(g) for g in ([gloo], [nccl], [gloo, nccl])]
+    assert groups == ["gloo", "nccl", "cpu:gloo,cuda:nccl"], groups
     with pytest.raises(ValueError, match="launch them with torchrun separately"):
         inprocess.group_backend([("gloo", "cuda"), ("nccl", "cuda")])
 

@@ -332,10 +332,8 @@ def test_the_nightly_runs_each_night_and_keeps_its_folder_under_the_name_it_down
         return next(s for s in jobs[job]["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
 
     shard, merged = upload("shard"), upload("merge")
-    assert (
-        shard["if"] == merged["if"] == "always()"
-        and shard["with"]["path"] == merged["with"]["path"] == "${{ env.NEW }}"
-    )
+    assert shard["if"] == merged["if"] == "always()", (shard, merged)
+    assert shard["with"]["path"] == merged["with"]["path"] == "${{ env.NEW }}", (shard, merged)
     assert shard["with"]["name"] == "nightly-${{ github.run_id }}-shard-${{ matrix.shard }}"
     download = next(s for s in jobs["merge"]["steps"] if s.get("uses", "").startswith("actions/download-artifact@"))
     assert download["with"]["pattern"] == "nightly-${{ github.run_id }}-shard-*" and jobs["merge"]["needs"] == "shard"
