@@ -100,25 +100,26 @@ def test_an_accumulation_limit_names_a_declared_finding_and_bounds_the_drawn_lay
 
 
 def test_an_input_scale_limit_names_a_declared_finding_and_bounds_the_drawn_inputs():
-    """A megamoe path's input-scale limit (F20) points at a finding it declares and has a measured case. Under a
-    FlashInfer version the finding applies to, no drawn input scale goes beyond it; under another, every input
-    scale is drawn."""
+    """An input-scale limit (F20 on a megamoe path, F21 on a moe_ep descriptor) points at a finding the kernel
+    declares and that has a measured case beyond the limit. Under a FlashInfer version the finding applies to, no
+    drawn input scale goes beyond it; under another, the contract has no limit."""
     from fixtures.backends.flashinfer.megamoe_adapter import contract_of as megamoe_contract
     from fixtures.backends.flashinfer.megamoe_paths import PATHS
     from fixtures.core import findings, strategies
     from fixtures.core.problem import Scenario
 
-    limited = [p for p in PATHS if p.input_scale_limit]
-    assert limited, "no megamoe path declares an input-scale limit (F20 is declared by the MXFP4 fused path)"
-    for p in limited:
-        most, key = p.input_scale_limit
-        assert key in p.findings and key in findings.MEASURED_CASES, f"{p.name}: {key} undeclared or unmeasured"
-        contract = megamoe_contract(p)
-        drawn = strategies.input_scales_of(contract)
+    limited = [(p.name, p.input_scale_limit, p.findings, megamoe_contract(p)) for p in PATHS if p.input_scale_limit]
+    limited += [
+        (d.impl_name, d.input_scale_limit, d.findings, contract_of(d)) for d in DESCRIPTORS if d.input_scale_limit
+    ]
+    assert {key for _, (_, key), _, _ in limited} >= {"F20", "F21"}, limited
+    for name, (most, key), declared, contract in limited:
+        assert key in declared and key in findings.MEASURED_CASES, f"{name}: {key} undeclared or unmeasured"
         if not findings.applies(key):
-            assert contract.input_scale_limit is None and drawn == strategies.INPUT_SCALES
+            assert contract.input_scale_limit is None
             continue
         assert contract.input_scale_limit[:2] == (most, key) and f"FINDING {key}" in contract.input_scale_limit[2]
-        assert drawn and max(drawn) <= most, f"{p.name} draws input scales {drawn} beyond {most}"
+        drawn = strategies.input_scales_of(contract)
+        assert drawn and max(drawn) <= most, f"{name} draws input scales {drawn} beyond {most}"
         cases = [Scenario.from_json(c) for c in findings.MEASURED_CASES[key]]
         assert all(b.input_scale > most for c in cases for b in c.batches), f"{key}'s cases are inside the limit"
