@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -226,17 +227,24 @@ def test_the_split_is_a_balanced_greedy_over_sorted_keys():
     "args, env, said",
     [
         (["--shard", "3/2"], {}, "--shard '3/2': expected K/N, integers with 1 <= K <= N"),
-        (["--shard", "x"], {}, "--shard 'x': expected K/N"),
-        (["--shard", "0/2"], {}, "--shard '0/2': expected K/N"),
-        (["--shard", "1/0"], {}, "--shard '1/0': expected K/N"),
         ([], {"MOE_SHARD": "3/2"}, "MOE_SHARD='3/2': expected K/N, integers with 1 <= K <= N"),
     ],
-    ids=["k-above-n", "not-a-fraction", "k-zero", "n-zero", "env"],
+    ids=["k-above-n", "env"],
 )
 def test_a_bad_shard_is_one_usage_error_line(args, env, said):
+    """A pytest process given a bad split, by the option or the environment, ends with one usage-error line."""
     done = _collect("suites/harness/test_settings.py", *args, env=env)
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     assert done.returncode == pytest.ExitCode.USAGE_ERROR and len(lines) == 1 and said in lines[0], lines
+
+
+@pytest.mark.parametrize("raw", ["x", "0/2", "1/0", "3/2"], ids=["not-a-fraction", "k-zero", "n-zero", "k-above-n"])
+def test_every_bad_shard_value_is_the_same_usage_error(raw):
+    """The option's every bad value takes the path the process test above ends through: one UsageError line."""
+    config = SimpleNamespace(getoption=lambda name, default=None: raw if name == "--shard" else default)
+    with pytest.raises(pytest.UsageError) as info:
+        shard.chosen(config)
+    assert str(info.value) == f"--shard {raw!r}: expected {shard.ACCEPTS}"
 
 
 # ---------------------------------------------------------------- how a pytest process ends: its own status, or the test it died in
