@@ -37,9 +37,7 @@ GPU_HOST_WORKERS = _DEC04 + "sm90-three-workers-and-fp4-accumulation.md"  # -m s
 PLAIN_PYTEST = _DEC05 + "plain-pytest-and-declared-ranges.md"  # pytest 9.2 and xdist groups; newest versions
 SM90_LAYERED_TREE = _DEC05 + "sm90-layered-tree.md"  # -m sm90 red after the ledger: static scales, GPU ledger gaps
 SM90_SEPARATE_POOLS = _DEC05 + "sm90-separate-pools.md"  # -m sm90 in 695 s, the ledger on its own pools; F20
-CPU_TIER_SAME_DAY = (
-    _DEC05 + "cpu-tier-same-day.md"
-)  # the fresh-clone CPU tier at the head: 610 s, the machine 5% slower
+CPU_TIER_SAME_DAY = _DEC05 + "cpu-tier-same-day.md"  # the fresh-clone CPU tier, same day: 610 s, then 551 s
 HARNESS_TRIM = _DEC05 + "harness-tests-merged-and-dropped.md"  # every harness test id merged, renamed or dropped
 
 LOGS = (

@@ -178,6 +178,7 @@ def _ledger_rows():
     return [r for r in bug_ledger.applicable() if r.fault]
 
 
+@functools.cache  # once a kernel, not once a row
 def _ledger_ep(name: str) -> int:
     """EP2 where the kernel runs there (rank > 0 and cross-rank routes are part of most rows), else EP1."""
     impl = load(name)
