@@ -322,7 +322,9 @@ def render_bug_ledger() -> str:
         f"apply to the kernel's recipe ([log](../{bug_ledger.GPU_EVIDENCE})).** "
         "`suites/flashinfer/test_gpu_faults.py` wraps each row's fault around each registered SM90 implementation and "
         "searches the ci profile's drawn cases on the kernel's fixed layers for one the row's check fails. A pair not "
-        "caught is a coverage gap of those draws, not a kernel defect: the test holds it as a strict xfail, so the run "
+        "caught is a coverage gap of those draws, not a kernel defect. Under the ci profile the test skips it and says why: "
+        "its derandomized search would repeat the draws that measured it. The nightly profile and `MOE_LEDGER_GAPS=1` "
+        "search it again as a strict xfail, so the run "
         "turns red the day the search catches it. `GPU_GAPS` in `fixtures/backends/bug_ledger.py` is the one table of "
         f"the gaps; it transcribes the run's raw matrix (`{bug_ledger.GPU_RAW}/ledger-matrix.json`). Waiting: "
         + "; ".join(f"`{k}`: {why}" for k, why in bug_ledger.GPU_UNMEASURED.items())

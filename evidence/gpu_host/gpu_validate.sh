@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A validation pass on a GPU host prepared per ../shared/gpu/README.md. Logs go to $VAL_DIR, else $OUT
+# A validation pass on a GPU host prepared offline as docs/gpu-hosts.md says (~/gpu-env.sh). Logs go to $VAL_DIR, else $OUT
 # (the device tool's folder), else results/gpu-<date>. Phases (one or several, in order):
 #   env        versions, GPU, driver
 #   product    the user's command, exactly: bash ci/test.sh -m ${ARCH:-sm90} (set-up and JIT cache restore

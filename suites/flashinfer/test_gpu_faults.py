@@ -17,7 +17,8 @@ from fixtures.core.problem import BatchCase, LayerCase, Scenario, make_batch, ma
 from fixtures.core.runner import Subject
 from fixtures.core.implementation import load
 from fixtures.backends.faulty import one_expert_weights, resolution_faults, uniform_scale
-from fixtures.core.selection import ep_skip_reason, implementations_of
+from fixtures.settings import LEDGER_GAPS
+from fixtures.core.selection import ep_skip_reason, implementations_of, ledger_gaps_searched
 from reference.moe import combine_terms, expert_owners, moe_terms, prepare_weights
 
 pytestmark = [pytest.mark.sm90]  # each test on a rank pool is marked rank_pool; the graph replay runs in this process
@@ -185,26 +186,37 @@ def _ledger_ep(name: str) -> int:
     return 2 if ep_skip_reason(name, impl.contract, 2) is None else 1
 
 
-def _ledger_param(name: str, row):
+def ledger_param(name: str, row):
     """The (kernel, EP size, row) case, a strict xfail where the ledger measured the row's fault not caught around the
     kernel. The EP size is a parameter, so the test is ordered and grouped with the pool it runs on."""
     from fixtures.backends import bug_ledger
 
     marks = ()
     if bug_ledger.gpu_outcome(row.id, name) == bug_ledger.GPU_GAP:
-        reason = (
+        gap = (
             f"ledger row {row.id}: fault {row.fault} around {name} was not caught by {row.check} on the "
             f"{bug_ledger.GPU_RUN} within the ci profile's drawn cases of the kernel's fixed layers "
-            f"({bug_ledger.GPU_EVIDENCE}): a coverage gap of the suite, not a kernel defect. Strict: once the search "
-            "catches it, take the kernel out of the row's GPU_GAPS in fixtures/backends/bug_ledger.py"
+            f"({bug_ledger.GPU_EVIDENCE}): a coverage gap of the suite, not a kernel defect"
         )
-        marks = (pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=reason),)
+        if ledger_gaps_searched():
+            reason = (
+                f"{gap}. Strict: once the search catches it, take the kernel out of the row's GPU_GAPS in "
+                "fixtures/backends/bug_ledger.py (a catch under a profile other than ci shows that a larger search "
+                "reaches what the ci draws miss)"
+            )
+            marks = (pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=reason),)
+        else:
+            reason = (
+                f"{gap}; not searched again: under the ci profile the search repeats the draws that measured it "
+                f"({LEDGER_GAPS.name}=1 or the nightly profile searches it)"
+            )
+            marks = (pytest.mark.skip(reason=reason),)
     return pytest.param(name, _ledger_ep(name), row, id=f"{name}-{row.id}", marks=marks)
 
 
 @pytest.mark.rank_pool
 @pytest.mark.separate_pools
-@pytest.mark.parametrize("name, ep, row", [_ledger_param(n, r) for n in SM90 for r in _ledger_rows()])
+@pytest.mark.parametrize("name, ep, row", [ledger_param(n, r) for n in SM90 for r in _ledger_rows()])
 def test_ledger_fault_around_a_real_layer_is_caught(name, ep, row):
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import strategies as st

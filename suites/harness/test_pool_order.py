@@ -142,6 +142,7 @@ def _collected() -> list[_Collected]:
         _Collected("faulty EP2", _subject("faulty:rank_zeroed", 2)),
         _Collected("skipped EP4", _subject("reference-ep", 4), ["skip"]),
         _Collected("separate EP2", {"name": "faulty:rank_zeroed", "ep": 2}, ["rank_pool", "separate_pools"]),
+        _Collected("reference EP8", _subject("reference-ep", 8)),
     ]
 
 
@@ -164,8 +165,8 @@ def _keys(items) -> list:
 )
 def test_the_scheduler_orders_groups_and_plans_the_pools_by_host(monkeypatch, host, sort, grouped):
     """The order and xdist groups of the collected tests and the upcoming pools: a GPU host's workers under --dist
-    loadgroup (not pinned to a GPU each) group the rank-pool tests in EP1 and larger EP sizes, and the tests without a
-    pool with those on separate pools after them; each worker's upcoming pools are its group's from its first test of
+    loadgroup (not pinned to a GPU each) group the rank-pool tests by EP size: EP1; EP4 and up; EP2 after the tests
+    without a pool, with those on separate pools; each worker's upcoming pools are its group's from its first test of
     it, and a test without a pool starts its group's first pools beside it. Elsewhere each implementation (or module)
     is a group and the upcoming pools are every test's in order, none of a test marked skip."""
     from fixtures.scheduling.scheduler import Host, Scheduler
@@ -178,9 +179,9 @@ def test_the_scheduler_orders_groups_and_plans_the_pools_by_host(monkeypatch, ho
     assert [i.label for i in items] == [i.label for i in sorted(_collected(), key=sort)]
     groups = {i.label: i.group for i in items}
     if grouped:
-        want = {label: root.LARGER_EP_GROUP for label in ("reference EP2", "faulty EP2", "skipped EP4")}
+        want = {label: root.LARGER_EP_GROUP for label in ("skipped EP4", "reference EP8")}
         want.update({"faulty EP1": root.EP1_GROUP, "reference EP1": root.EP1_GROUP})
-        want.update({"other no pool": root.OTHER_GROUP, "separate EP2": root.OTHER_GROUP})
+        want.update({k: root.OTHER_GROUP for k in ("other no pool", "separate EP2", "reference EP2", "faulty EP2")})
         assert groups == want
     else:
         assert groups == {i.label: root.worker_order(i)[0] or i.module.__name__ for i in items}
@@ -197,7 +198,8 @@ def test_the_scheduler_orders_groups_and_plans_the_pools_by_host(monkeypatch, ho
         root.LARGER_EP_GROUP: _keys(larger),
         root.OTHER_GROUP: _keys(other),
     }
-    assert _keys(other) and [i.label for i in other] == ["other no pool", "separate EP2"]  # no pool first
+    assert [i.label for i in other] == ["other no pool", "faulty EP2", "separate EP2", "reference EP2"]  # no pool first
+    assert _keys(other) and _keys(larger)
     started = []
     scheduler.warm = {key: ("a warm-up case",) for keys in scheduler.by_group.values() for key in keys}
     scheduler._ahead = lambda key: started.append(key) or key  # the pools it would start, none started for real

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from ci import cli
 from fixtures.scheduling import spread
 from fixtures.pools.host_threads import TORCH_DEFAULT, host_threads
-from fixtures.scheduling.pool_order import ALL_POOLS_GROUP, EP1_GROUP, LARGER_EP_GROUP, pool_group
+from fixtures.scheduling.pool_order import ALL_POOLS_GROUP, EP1_GROUP, LARGER_EP_GROUP, OTHER_GROUP, pool_group
 from fixtures.scheduling.scheduler import Host, Scheduler
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
@@ -146,11 +146,10 @@ def test_pools_per_worker_and_ahead_by_host(monkeypatch, workers, loadgroup, own
 @pytest.mark.parametrize("pinned", [False, True])
 def test_on_a_gpu_host_ep1_pools_larger_ep_sizes_and_the_rest_run_on_three_workers(tmp_path, pinned):
     """Three workers of ``--dist loadgroup`` on a host that counts as a GPU host: the rank-pool tests at EP1 on one, in
-    the order one process runs them, those at EP2 on another with the EP-invariance test's EP1 case (``ep_baseline``:
-    EP2 is compared with it in that process), the tests without a pool on the third (their records' worker). Where
-    the nightly pins a worker to each GPU (MOE_PIN_WORKER_GPU), each implementation's tests are a group, as without a
-    GPU."""
-    from fixtures.scheduling.pool_order import OTHER_GROUP
+    the order one process runs them; the EP-invariance test at EP1 and EP2 on another (``ep_baseline``: EP2 is
+    compared with EP1 in that process), with EP4 and up; the tests without a pool on the third, and after them the
+    other rank-pool tests at EP2 (their records' worker). Where the nightly pins a worker to each GPU
+    (MOE_PIN_WORKER_GPU), each implementation's tests are a group, as without a GPU."""
     from fixtures.core.results import records
 
     plugins = "-p no:cacheprovider -p fixtures.plugin.options -p suites.harness.fake_gpu_host -n 3 --dist loadgroup -q"
@@ -171,9 +170,9 @@ def test_on_a_gpu_host_ep1_pools_larger_ep_sizes_and_the_rest_run_on_three_worke
         want = [[("test_renormalize_by_hand", 0, "test_routing")], [(t, e, ref) for e in (1, 2) for t in (same, idle)]]
     else:
         want = [
-            [("test_renormalize_by_hand", 0, OTHER_GROUP)],
+            [("test_renormalize_by_hand", 0, OTHER_GROUP), (idle, 2, OTHER_GROUP)],
             [(idle, 1, EP1_GROUP)],
-            [(same, 1, LARGER_EP_GROUP), (same, 2, LARGER_EP_GROUP), (idle, 2, LARGER_EP_GROUP)],
+            [(same, 1, LARGER_EP_GROUP), (same, 2, LARGER_EP_GROUP)],
         ]
     assert sorted(by_worker.values()) == sorted(want), by_worker
 
@@ -191,21 +190,27 @@ class _Item:
         return name if name in self._marks else None
 
 
+BY_EP = (EP1_GROUP, OTHER_GROUP, LARGER_EP_GROUP, LARGER_EP_GROUP, LARGER_EP_GROUP, LARGER_EP_GROUP, OTHER_GROUP)
+
+
 @pytest.mark.parametrize(
     "model_ep, groups",
     [
-        (None, (EP1_GROUP, LARGER_EP_GROUP, LARGER_EP_GROUP)),  # model layers at EP1 (the default): two groups
-        ("1", (EP1_GROUP, LARGER_EP_GROUP, LARGER_EP_GROUP)),
-        ("1,8", (ALL_POOLS_GROUP,) * 3),  # model layers at EP8 too: one worker for every pool
-        ("all", (ALL_POOLS_GROUP,) * 3),  # the nightly profile's every EP size
+        (None, BY_EP),  # model layers at EP1 (the default): the rank-pool tests by EP size
+        ("1", BY_EP),
+        ("1,8", (ALL_POOLS_GROUP,) * 6 + (OTHER_GROUP,)),  # model layers at EP8 too: one worker for every pool
+        ("all", (ALL_POOLS_GROUP,) * 6 + (OTHER_GROUP,)),  # the nightly profile's every EP size
     ],
 )
-def test_rank_pool_tests_spread_over_two_groups_only_where_model_layers_are_at_ep1(monkeypatch, model_ep, groups):
-    """An EP1 test, an EP2 test and an EP1 test marked ``ep_baseline``: their groups on a GPU host."""
+def test_rank_pool_tests_spread_by_ep_size_only_where_model_layers_are_at_ep1(monkeypatch, model_ep, groups):
+    """Tests at EP1, EP2, EP4 and EP8, one marked ``ep_baseline`` at EP1 and at EP2, and one marked
+    ``separate_pools``: their groups on a GPU host."""
     monkeypatch.delenv("MOE_MODEL_EP", raising=False)
     if model_ep:
         monkeypatch.setenv("MOE_MODEL_EP", model_ep)
-    assert tuple(pool_group(item) for item in (_Item(1), _Item(2), _Item(1, "ep_baseline"))) == groups
+    items = [_Item(1), _Item(2), _Item(4), _Item(8), _Item(1, "ep_baseline"), _Item(2, "ep_baseline")]
+    items.append(_Item(1, "separate_pools"))
+    assert tuple(pool_group(item) for item in items) == groups
     assert pool_group(type("NoPool", (), {"get_closest_marker": lambda self, name: None})()) is None
 
 

@@ -144,6 +144,30 @@ def _check_transcription(matrix: dict[str, dict[str, dict[str, str]]]) -> None:
     assert not wrong, f"GPU_GAPS disagrees with {bug_ledger.GPU_RAW}:\n" + "\n".join(wrong)
 
 
+@pytest.mark.parametrize(
+    "profile, asked, searched",
+    [("ci", None, False), ("nightly", None, True), ("ci", "1", True), ("nightly", "0", False)],
+)
+def test_a_known_gpu_gap_is_searched_again_only_where_asked(monkeypatch, profile, asked, searched):
+    """A GPU gap's pair is a strict xfail where its search runs again (the nightly profile, MOE_LEDGER_GAPS=1) and a
+    skip that says why under the ci profile, whose derandomized search repeats the draws that measured it; a caught
+    pair is a plain test either way."""
+    from suites.flashinfer import test_gpu_faults
+
+    monkeypatch.setenv("MOE_HYPOTHESIS_PROFILE", profile)
+    monkeypatch.delenv("MOE_LEDGER_GAPS", raising=False)
+    if asked is not None:
+        monkeypatch.setenv("MOE_LEDGER_GAPS", asked)
+    rows = {r.id: r for r in bug_ledger.LEDGER}
+    kernel = bug_ledger.GPU_MEASURED[0]
+    gap = next(rows[i] for i, kernels in bug_ledger.GPU_GAPS.items() if kernel in kernels)
+    caught = next(rows[i] for i in bug_ledger.GPU_GAPS if bug_ledger.gpu_outcome(i, kernel) == bug_ledger.GPU_CAUGHT)
+    marks = test_gpu_faults.ledger_param(kernel, gap).marks
+    assert [(m.name, m.kwargs.get("strict")) for m in marks] == [("xfail", True) if searched else ("skip", None)]
+    assert searched or "not searched again" in marks[0].kwargs["reason"]
+    assert test_gpu_faults.ledger_param(kernel, caught).marks == ()
+
+
 CAUGHT_ROWS = [r for r in bug_ledger.LEDGER if r.fault]
 
 
