@@ -39,8 +39,10 @@ SM90_LAYERED_TREE = _DEC05 + "sm90-layered-tree.md"  # -m sm90 red after the led
 SM90_SEPARATE_POOLS = _DEC05 + "sm90-separate-pools.md"  # -m sm90 in 695 s, the ledger on its own pools; F20
 CPU_TIER_SAME_DAY = _DEC05 + "cpu-tier-same-day.md"  # the fresh-clone CPU tier, same day: 610 s, then 551 s
 HARNESS_TRIM = _DEC05 + "harness-tests-merged-and-dropped.md"  # every harness test id merged, renamed or dropped
+SM90_LAYOUT_FORECAST = _DEC05 + "sm90-layout-by-ep-size-forecast.md"  # workers by EP size: a forecast, not a run
 
 LOGS = (
+    SM90_LAYOUT_FORECAST,
     CPU_TIER_SAME_DAY,
     SM90_SEPARATE_POOLS,
     SM90_LAYERED_TREE,
