@@ -2,7 +2,7 @@
 times. A forecast for planning a lease, not a measurement: a test's time moves with what runs beside it, and tests
 that share a warm pool in the new layout may take less than they did.
 
-    python -m evidence.probes.layout_forecast RUN_FOLDER [-- PYTEST ARGS]    # default pytest args: -m sm90
+    python -m evidence.probes.layout_forecast RUN_FOLDER [--hopper-gpus N] [-- PYTEST ARGS]   # default: -m sm90
 
 It collects the tests on this machine as a GPU host's worker would group them (fixtures.scheduling.pool_order
 .gpu_host_group, with today's skip marks: a test marked skip at collection for a reason a GPU host shares costs
@@ -39,11 +39,21 @@ class _Groups:
             self.items[item.nodeid] = (gpu_host_group(item), bool(reasons - this_host))
 
 
-def collected(pytest_args: list[str]) -> dict[str, tuple[str, bool]]:
+def collected(pytest_args: list[str], hopper_gpus: int = 0) -> dict[str, tuple[str, bool]]:
+    """Each selected test's (group, skipped at collection); with ``hopper_gpus``, collected as on a host with that
+    many SM90 GPUs (fixtures.arch sees them: which EP sizes a kernel runs at here follows)."""
     import pytest
 
+    from fixtures import arch
+
     plugin = _Groups()
-    code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *pytest_args], plugins=[plugin])
+    seen = arch.gpu_count
+    if hopper_gpus:
+        arch.gpu_count = lambda tag: hopper_gpus if tag == "sm90" else 0
+    try:
+        code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *pytest_args], plugins=[plugin])
+    finally:
+        arch.gpu_count = seen
     if code not in (0, 5):
         raise SystemExit(f"layout_forecast: collection failed (pytest exit {code})")
     return plugin.items
@@ -83,12 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("run_folder", type=Path)
     parser.add_argument("pytest_args", nargs="*", default=["-m", "sm90"])
+    parser.add_argument(
+        "--hopper-gpus", type=int, default=0, help="collect as on a host with this many SM90 GPUs (default: this host)"
+    )
     args = parser.parse_args(argv)
     seconds, per_worker, outside = measured(args.run_folder)
     if not seconds:
         print(f"layout_forecast: no tests-*.jsonl under {args.run_folder}", file=sys.stderr)
         return 4
-    items = collected(args.pytest_args)
+    items = collected(args.pytest_args, args.hopper_gpus)
     per_group, unrecorded = forecast(items, seconds)
     print("measured run, test seconds per worker: " + ", ".join(f"{w} {s:.0f}" for w, s in sorted(per_worker.items())))
     print(f"measured run, outside its busiest worker's tests: {outside:.0f} s")

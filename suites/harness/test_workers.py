@@ -4,11 +4,13 @@ CPU threads beside them (fixtures.pools.host_threads)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -178,12 +180,16 @@ def test_on_a_gpu_host_ep1_pools_larger_ep_sizes_and_the_rest_run_on_three_worke
 
 
 class _Item:
-    """A collected test as fixtures.scheduling.pool_order reads it: its subject parameter and its marks."""
+    """A collected test as fixtures.scheduling.pool_order reads it: its subject parameter (reference-ep, or with
+    ``sizes`` a copy that runs at those EP sizes only) and its marks."""
 
-    def __init__(self, ep: int, *marks: str):
+    def __init__(self, ep: int, *marks: str, sizes: tuple[int, ...] | None = None):
         from fixtures.core.implementation import load
 
-        self.callspec = type("Callspec", (), {"params": {"subject": ("reference-ep", load("reference-ep"), ep)}})()
+        impl = load("reference-ep")
+        if sizes:
+            impl = SimpleNamespace(contract=dataclasses.replace(impl.contract, ep_sizes=sizes))
+        self.callspec = type("Callspec", (), {"params": {"subject": ("reference-ep", impl, ep)}})()
         self._marks = marks
 
     def get_closest_marker(self, name):
@@ -191,6 +197,7 @@ class _Item:
 
 
 BY_EP = (EP1_GROUP, OTHER_GROUP, LARGER_EP_GROUP, LARGER_EP_GROUP, LARGER_EP_GROUP, LARGER_EP_GROUP, OTHER_GROUP)
+BY_EP += (EP1_GROUP,)  # an EP1 baseline of an implementation that runs at EP1 only: no one's baseline
 
 
 @pytest.mark.parametrize(
@@ -198,18 +205,18 @@ BY_EP = (EP1_GROUP, OTHER_GROUP, LARGER_EP_GROUP, LARGER_EP_GROUP, LARGER_EP_GRO
     [
         (None, BY_EP),  # model layers at EP1 (the default): the rank-pool tests by EP size
         ("1", BY_EP),
-        ("1,8", (ALL_POOLS_GROUP,) * 6 + (OTHER_GROUP,)),  # model layers at EP8 too: one worker for every pool
-        ("all", (ALL_POOLS_GROUP,) * 6 + (OTHER_GROUP,)),  # the nightly profile's every EP size
+        ("1,8", (ALL_POOLS_GROUP,) * 6 + (OTHER_GROUP, ALL_POOLS_GROUP)),  # model layers at EP8 too: one worker
+        ("all", (ALL_POOLS_GROUP,) * 6 + (OTHER_GROUP, ALL_POOLS_GROUP)),  # the nightly profile's every EP size
     ],
 )
 def test_rank_pool_tests_spread_by_ep_size_only_where_model_layers_are_at_ep1(monkeypatch, model_ep, groups):
-    """Tests at EP1, EP2, EP4 and EP8, one marked ``ep_baseline`` at EP1 and at EP2, and one marked
-    ``separate_pools``: their groups on a GPU host."""
+    """Tests at EP1, EP2, EP4 and EP8, one marked ``ep_baseline`` at EP1 and at EP2, one marked ``separate_pools``,
+    and an ``ep_baseline`` test at EP1 of an implementation that runs at EP1 only: their groups on a GPU host."""
     monkeypatch.delenv("MOE_MODEL_EP", raising=False)
     if model_ep:
         monkeypatch.setenv("MOE_MODEL_EP", model_ep)
     items = [_Item(1), _Item(2), _Item(4), _Item(8), _Item(1, "ep_baseline"), _Item(2, "ep_baseline")]
-    items.append(_Item(1, "separate_pools"))
+    items += [_Item(1, "separate_pools"), _Item(1, "ep_baseline", sizes=(1,))]
     assert tuple(pool_group(item) for item in items) == groups
     assert pool_group(type("NoPool", (), {"get_closest_marker": lambda self, name: None})()) is None
 
