@@ -195,7 +195,11 @@ def illegal_calls(request):
         drawn.append(cases)
 
     draw()
-    selected = {i.callspec.params["kind"] for i in request.session.items if i.originalname == ILLEGAL_CALL_TEST}
+    selected = {
+        i.callspec.params["kind"]
+        for i in request.session.items
+        if getattr(i, "originalname", None) == ILLEGAL_CALL_TEST
+    }
     probes = {kind: _Probe.of({"kind": kind, **case}) for kind, case in drawn[0].items() if kind in selected}
     yield probes
     for probe in probes.values():
