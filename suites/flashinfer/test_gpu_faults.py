@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import hypothesis
 import pytest
 
 from fixtures.core import results
@@ -208,8 +209,8 @@ def ledger_param(name: str, row):
             marks = (pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=reason),)
         else:
             reason = (
-                f"{gap}; not searched again: under the ci profile the search repeats the draws that measured it "
-                f"({LEDGER_GAPS.name}=1 or the nightly profile searches it)"
+                f"{gap}; not searched again: the loaded hypothesis profile ({hypothesis.settings.get_current_profile_name()}) "
+                f"draws the cases that measured it ({LEDGER_GAPS.name}=1 or the nightly profile searches it)"
             )
             marks = (pytest.mark.skip(reason=reason),)
     return pytest.param(name, _ledger_ep(name), row, id=f"{name}-{row.id}", marks=marks)

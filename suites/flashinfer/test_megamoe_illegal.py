@@ -10,7 +10,9 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -25,10 +27,11 @@ from fixtures.backends.flashinfer import megamoe_modules, megamoe_probe
 mm = pytest.importorskip(
     "flashinfer.megamoe", reason="the installed FlashInfer ships no flashinfer.megamoe (0.7.4 does)"
 )
-# A fresh process: torch, FlashInfer, a one-rank group, the prebuilt module: 12.6-19.3 s on the H200; an id it does not
-# check hangs the kernel past any bound (reference.evidence.MEGAMOE_EXACT), so the bound is short. It counts from the
-# process's start, and the three kinds' processes run at once.
-PROBE_TIMEOUT_S = 45
+# A fresh process: torch, FlashInfer, a one-rank group, the prebuilt module: 12.6-19.3 s alone on the H200; an id it
+# does not check may hang the kernel past any bound (reference.evidence.MEGAMOE_EXACT). The bound counts from the
+# process's start, and the three kinds' processes run at once beside the other workers' pool starts and compiles,
+# which is unmeasured: 90 s, about 4.5 times the slowest alone.
+PROBE_TIMEOUT_S = 90
 CXX_FLOAT = re.compile(r"^(\d+\.\d*|\.\d+)([eE][+-]?\d+)?f$")  # what '{clamp}f' must render to
 
 
@@ -98,14 +101,16 @@ def test_a_float_clamp_renders_as_a_cxx_literal(monkeypatch):
 
 
 class _Probe:
-    """One call in a process of its own, started at once; :meth:`result` waits for it, bounded by ``timeout_s`` from
-    its start."""
+    """One call in a process of its own, started at once, its output going to files (a process that writes more than
+    a pipe holds never waits on a reader); :meth:`result` waits for it, bounded by ``timeout_s`` from its start, and a
+    process that already ended gives its answer whenever it is read."""
 
     def __init__(self, line: list[str], timeout_s: float = PROBE_TIMEOUT_S):
         self.repro = " ".join(shlex.quote(a) for a in line)
         self.timeout_s = timeout_s
+        self.out, self.err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
         self.started = time.monotonic()
-        self.process = subprocess.Popen(line, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(line, stdout=self.out, stderr=self.err, text=True)
 
     @classmethod
     def of(cls, case: dict) -> _Probe:
@@ -116,20 +121,26 @@ class _Probe:
     def result(self) -> dict:
         left = max(0.0, self.timeout_s - (time.monotonic() - self.started))
         try:
-            out, err = self.process.communicate(timeout=left)
+            self.process.wait(timeout=left)
         except subprocess.TimeoutExpired:
             self.stop()
             return {"outcome": "hang", "message": f"no answer in {self.timeout_s:g} s"}
+        out, err = (self._text(f) for f in (self.out, self.err))
         last = (out.strip().splitlines() or [""])[-1]
         try:
             return json.loads(last)
         except json.JSONDecodeError:
             return {"outcome": "crash", "message": f"exit {self.process.returncode}: {err.strip()[-400:]}"}
 
+    @staticmethod
+    def _text(file) -> str:
+        file.seek(0)
+        return file.read()
+
     def stop(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
-            self.process.communicate()
+            self.process.wait()
 
 
 ANSWER = 'print(\'{"outcome": "ValueError", "message": "refused"}\')'
@@ -151,6 +162,18 @@ def test_a_probe_process_is_read_crashed_or_bounded(code, want):
     probe = _Probe([sys.executable, "-c", code], timeout_s=2)
     assert probe.result() == want
     assert time.monotonic() - probe.started < 10 and probe.process.poll() is not None
+
+
+@pytest.mark.cpu
+def test_probes_read_after_a_hang_or_a_large_output_keep_their_answers():
+    """The kinds' processes run at once and are read one after another: one read after another's bound has passed,
+    and one that wrote far more than a pipe holds before it answered, still give their answers."""
+    loud = "import sys; sys.stderr.write('w' * 200_000); " + ANSWER
+    hung, answered, chatty = (
+        _Probe([sys.executable, "-c", c], timeout_s=2) for c in ("import time; time.sleep(60)", ANSWER, loud)
+    )
+    assert hung.result()["outcome"] == "hang"
+    assert answered.result() == chatty.result() == {"outcome": "ValueError", "message": "refused"}
 
 
 CASES = {  # kind -> (the finding that says the package does not refuse it, or None, the case strategy)
@@ -177,6 +200,20 @@ assert set(CASES) == set(megamoe_probe.KINDS)
 ILLEGAL_CALL_TEST = "test_an_illegal_call_is_refused_with_a_value_error"
 
 
+def selected_kinds(items) -> set[str]:
+    """The kinds whose illegal-call test this session runs (``-k`` may leave one), among items of every sort."""
+    return {i.callspec.params["kind"] for i in items if getattr(i, "originalname", None) == ILLEGAL_CALL_TEST}
+
+
+@pytest.mark.cpu
+def test_only_the_selected_kinds_start_a_probe():
+    def item(name, **params):
+        return SimpleNamespace(originalname=name, callspec=SimpleNamespace(params=params))
+
+    items = [item(ILLEGAL_CALL_TEST, kind="zero_tokens"), item("test_other", kind="id_out_of_range"), object()]
+    assert selected_kinds(items) == {"zero_tokens"}
+
+
 @pytest.fixture(scope="module")
 def illegal_calls(request):
     """One drawn call of each kind, each in a process of its own, all started together: a process costs ~19 s on the
@@ -195,11 +232,7 @@ def illegal_calls(request):
         drawn.append(cases)
 
     draw()
-    selected = {
-        i.callspec.params["kind"]
-        for i in request.session.items
-        if getattr(i, "originalname", None) == ILLEGAL_CALL_TEST
-    }
+    selected = selected_kinds(request.session.items)
     probes = {kind: _Probe.of({"kind": kind, **case}) for kind, case in drawn[0].items() if kind in selected}
     yield probes
     for probe in probes.values():

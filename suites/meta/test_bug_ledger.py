@@ -4,7 +4,7 @@ reference passes the same checks, and the catch rate over the rows that apply to
 Rule: at least ``CPU_RATE_FLOOR`` (90%) of the applicable rows caught. Today 26 of 27 (96.3%); the miss is
 swiglu_parameterized_alpha_bias_missing (no recipe declares SwiGLU alpha/beta). Each search draws small layers
 (``SMALL``) through the generic strategies, derandomized, at most ``LEDGER_EXAMPLES`` examples. The table's measured
-GPU status (``GPU_GAPS``, which suites/flashinfer/test_gpu_faults.py turns into strict xfails) is checked for
+GPU status (``GPU_GAPS``, which suites/flashinfer/test_gpu_faults.py skips or searches again as strict xfails) is checked for
 consistency here: registered SM90 kernel names, a status on every row with a fault, agreement with the run's raw matrix.
 """
 
@@ -146,15 +146,16 @@ def _check_transcription(matrix: dict[str, dict[str, dict[str, str]]]) -> None:
 
 @pytest.mark.parametrize(
     "profile, asked, searched",
-    [("ci", None, False), ("nightly", None, True), ("ci", "1", True), ("nightly", "0", False)],
+    [("ci", None, False), ("nightly", None, True), ("dev", None, True), ("ci", "1", True), ("nightly", "0", False)],
 )
 def test_a_known_gpu_gap_is_searched_again_only_where_asked(monkeypatch, profile, asked, searched):
-    """A GPU gap's pair is a strict xfail where its search runs again (the nightly profile, MOE_LEDGER_GAPS=1) and a
-    skip that says why under the ci profile, whose derandomized search repeats the draws that measured it; a caught
-    pair is a plain test either way."""
+    """A GPU gap's pair is a strict xfail where its search runs again (a profile that draws other cases than the ci
+    profile's, MOE_LEDGER_GAPS=1) and a skip that says why under the ci profile, whose derandomized search repeats
+    the draws that measured it; a caught pair is a plain test either way."""
+    from hypothesis import settings as drawing
+
     from suites.flashinfer import test_gpu_faults
 
-    monkeypatch.setenv("MOE_HYPOTHESIS_PROFILE", profile)
     monkeypatch.delenv("MOE_LEDGER_GAPS", raising=False)
     if asked is not None:
         monkeypatch.setenv("MOE_LEDGER_GAPS", asked)
@@ -162,10 +163,15 @@ def test_a_known_gpu_gap_is_searched_again_only_where_asked(monkeypatch, profile
     kernel = bug_ledger.GPU_MEASURED[0]
     gap = next(rows[i] for i, kernels in bug_ledger.GPU_GAPS.items() if kernel in kernels)
     caught = next(rows[i] for i in bug_ledger.GPU_GAPS if bug_ledger.gpu_outcome(i, kernel) == bug_ledger.GPU_CAUGHT)
-    marks = test_gpu_faults.ledger_param(kernel, gap).marks
+    loaded = drawing.get_current_profile_name()
+    drawing.load_profile(profile)
+    try:
+        marks, caught_marks = (test_gpu_faults.ledger_param(kernel, row).marks for row in (gap, caught))
+    finally:
+        drawing.load_profile(loaded)
     assert [(m.name, m.kwargs.get("strict")) for m in marks] == [("xfail", True) if searched else ("skip", None)]
-    assert searched or "not searched again" in marks[0].kwargs["reason"]
-    assert test_gpu_faults.ledger_param(kernel, caught).marks == ()
+    assert searched or f"not searched again: the loaded hypothesis profile ({profile})" in marks[0].kwargs["reason"]
+    assert caught_marks == ()
 
 
 CAUGHT_ROWS = [r for r in bug_ledger.LEDGER if r.fault]
