@@ -145,16 +145,26 @@ def _check_transcription(matrix: dict[str, dict[str, dict[str, str]]]) -> None:
 
 
 @pytest.mark.parametrize(
-    "profile, asked, searched",
-    [("ci", None, False), ("nightly", None, True), ("dev", None, True), ("ci", "1", True), ("nightly", "0", False)],
+    "derandomize, examples, asked, searched",
+    [
+        (True, 10, None, False),  # the ci profile's draws: those that measured the gaps
+        (True, 4, None, False),  # fewer of them (MOE_HYPOTHESIS_EXAMPLES)
+        (True, 200, None, True),  # more (the nightly profile, derandomized where hypothesis sees a CI machine)
+        (False, 10, None, True),  # random draws (dev, no-shrink)
+        (True, 10, "1", True),
+        (False, 200, "0", False),
+    ],
 )
-def test_a_known_gpu_gap_is_searched_again_only_where_asked(monkeypatch, profile, asked, searched):
+def test_a_known_gpu_gap_is_searched_again_only_where_asked(monkeypatch, derandomize, examples, asked, searched):
     """A GPU gap's pair is a strict xfail where its search runs again (a profile that draws other cases than the ci
-    profile's, MOE_LEDGER_GAPS=1) and a skip that says why under the ci profile, whose derandomized search repeats
-    the draws that measured it; a caught pair is a plain test either way."""
+    profile's, MOE_LEDGER_GAPS=1) and a skip that says why where the draws are the ci profile's, whose derandomized
+    search repeats the draws that measured it; a caught pair is a plain test either way."""
     from hypothesis import settings as drawing
 
     from suites.flashinfer import test_gpu_faults
+
+    profile = f"ledger-gaps-{derandomize}-{examples}"
+    drawing.register_profile(profile, derandomize=derandomize, max_examples=examples)
 
     monkeypatch.delenv("MOE_LEDGER_GAPS", raising=False)
     if asked is not None:
