@@ -159,8 +159,8 @@ def test_the_unwrapped_layer_passes_the_exact_case(name):
         check_exact(subject, case, case.batches[0].seed)
 
 
-# The bug ledger (fixtures/backends/bug_ledger.py) around every SM90 implementation: each applicable row's fault wraps the
-# real layer and must fail the row's check within the profile's drawn cases of the kernel's fixed layers (no new
+# The bug ledger (fixtures/backends/bug_ledger.py) around every SM90 implementation: each applicable row's fault wraps
+# the real layer and must fail the row's check within the profile's drawn cases of the kernel's fixed layers (no new
 # kernel shape). Measured once on an H200: the ledger's GPU_GAPS says around which kernels a row's fault was not
 # caught. Those pairs skip under the ci profile, whose derandomized search would repeat the draws that measured them,
 # and are strict xfails where they are searched again (fixtures.core.selection.ledger_gaps_searched: a catch turns the
@@ -189,8 +189,9 @@ def _ledger_ep(name: str) -> int:
 
 
 def ledger_param(name: str, row):
-    """The (kernel, EP size, row) case, a strict xfail where the ledger measured the row's fault not caught around the
-    kernel. The EP size is a parameter, so the test is ordered and grouped with the pool it runs on."""
+    """The (kernel, EP size, row) case. Where the ledger measured the row's fault not caught around the kernel, a
+    strict xfail where the gap is searched again (fixtures.core.selection.ledger_gaps_searched), else a skip that
+    says why. The EP size is a parameter, so the test is ordered and grouped with the pool it runs on."""
     from fixtures.backends import bug_ledger
 
     marks = ()
@@ -208,9 +209,10 @@ def ledger_param(name: str, row):
             )
             marks = (pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=reason),)
         else:
+            profile = hypothesis.settings.get_current_profile_name()
             reason = (
-                f"{gap}; not searched again: the loaded hypothesis profile ({hypothesis.settings.get_current_profile_name()}) "
-                f"draws the cases that measured it ({LEDGER_GAPS.name}=1 or the nightly profile searches it)"
+                f"{gap}; not searched again: the loaded hypothesis profile ({profile}) draws the cases that measured "
+                f"it ({LEDGER_GAPS.name}=1 or the nightly profile searches it)"
             )
             marks = (pytest.mark.skip(reason=reason),)
     return pytest.param(name, _ledger_ep(name), row, id=f"{name}-{row.id}", marks=marks)

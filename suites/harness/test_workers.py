@@ -192,6 +192,8 @@ class _Item:
         self.callspec = type("Callspec", (), {"params": {"subject": ("reference-ep", impl, ep)}})()
         self._marks = marks
 
+    config = SimpleNamespace(getoption=lambda name: None)  # no --ep: the run's default EP sizes
+
     def get_closest_marker(self, name):
         return name if name in self._marks else None
 

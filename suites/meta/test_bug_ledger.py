@@ -4,8 +4,9 @@ reference passes the same checks, and the catch rate over the rows that apply to
 Rule: at least ``CPU_RATE_FLOOR`` (90%) of the applicable rows caught. Today 26 of 27 (96.3%); the miss is
 swiglu_parameterized_alpha_bias_missing (no recipe declares SwiGLU alpha/beta). Each search draws small layers
 (``SMALL``) through the generic strategies, derandomized, at most ``LEDGER_EXAMPLES`` examples. The table's measured
-GPU status (``GPU_GAPS``, which suites/flashinfer/test_gpu_faults.py skips or searches again as strict xfails) is checked for
-consistency here: registered SM90 kernel names, a status on every row with a fault, agreement with the run's raw matrix.
+GPU status (``GPU_GAPS``, which suites/flashinfer/test_gpu_faults.py skips or searches again as strict xfails) is
+checked for consistency here: registered SM90 kernel names, a status on every row with a fault, agreement with the
+run's raw matrix.
 """
 
 from __future__ import annotations
