@@ -9,7 +9,11 @@ what was wrong and what is accepted, with no traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import importlib
+import io
+import re
 import sys
 
 OK, VERDICT, INTERRUPTED, INTERNAL, INPUT, NOTHING_TESTED, INCOMPLETE = 0, 1, 2, 3, 4, 5, 6
@@ -26,6 +30,20 @@ EXIT_CODES = {
     INCOMPLETE: "no verdict: a server, GPU, toolkit or package index the command needs was not there or went away, "
     "or set-up could not install (fix that and rerun)",
 }
+
+
+def listed_codes(help_text: str) -> dict[int, str]:
+    """The codes under "exit codes:" in a command's ``--help``, with what each means there."""
+    block = help_text.split("exit codes:\n", 1)[1]
+    return {int(m[1]): m[2] for m in re.finditer(r"^  (\d+)  (.*)$", block, re.M)}
+
+
+def command_codes(module: str) -> dict[int, str]:
+    """The exit codes ``python -m module --help`` lists (asked in this process), with their meanings."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        importlib.import_module(module).main(["--help"])
+    return listed_codes(out.getvalue())
 
 
 class InputError(Exception):

@@ -11,7 +11,9 @@
 * the resolution table between ``<!-- resolution:begin -->`` and ``<!-- resolution:end -->`` in
   ``docs/tolerances.md``, from each SM90 implementation's tolerance;
 * the exit-code table between ``<!-- exit-codes:begin -->`` and ``<!-- exit-codes:end -->`` in ``docs/running.md``,
-  from ``ci.cli.EXIT_CODES``.
+  from ``ci.cli.EXIT_CODES``;
+* one command's exit codes between ``<!-- exit-codes:MODULE:begin -->`` and ``<!-- exit-codes:MODULE:end -->`` on
+  any page (``MODULE``: ``ci.report``, say), from what ``python -m MODULE --help`` lists.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- settings:begin -->", "<!-- settings:end -->"
 RESOLUTION = ("<!-- resolution:begin -->", "<!-- resolution:end -->")
 EXIT_CODES = ("<!-- exit-codes:begin -->", "<!-- exit-codes:end -->")
+COMMAND_CODES = re.compile(r"<!-- exit-codes:([\w.]+):begin -->")
 EVIDENCE_PATH = re.compile(r"(?<![\w/.\[(])(evidence/[\w./-]*[\w/])")
 KERNELS_PAGE = "flashinfer-kernels.md"  # docs/: the FlashInfer facts the code cites as "kernels §N"
 KERNELS_SECTION = re.compile(r"kernels §(D?\d+(?:\.\d+)*)")
@@ -435,6 +438,24 @@ def render_exit_codes() -> str:
     )
 
 
+def render_command_codes(module: str) -> str:
+    """The exit codes one command's ``--help`` lists, as a table."""
+    try:
+        codes = cli.command_codes(module)
+    except (ImportError, AttributeError, IndexError):
+        raise cli.InputError(f"{module}: not a command whose --help lists its exit codes (ci.*, tools.*)") from None
+    rows = (f"| {code} | {_cell(meaning)} |" for code, meaning in sorted(codes.items()))
+    return "\n".join(["| exit code | meaning |", "|---|---|", *rows])
+
+
+def _with_command_codes(name: str, text: str) -> str:
+    """``text`` with each ``<!-- exit-codes:MODULE:begin -->`` block filled from that command's ``--help``."""
+    for module in dict.fromkeys(COMMAND_CODES.findall(text)):
+        marks = (f"<!-- exit-codes:{module}:begin -->", f"<!-- exit-codes:{module}:end -->")
+        text = fill_block(text, render_command_codes(module), name, marks)
+    return text
+
+
 def targets(root: Path = ROOT) -> dict[Path, str]:
     """Each generated file and the text it should hold."""
     out = {
@@ -451,6 +472,10 @@ def targets(root: Path = ROOT) -> dict[Path, str]:
         readme = root / "README.md"
         out[readme] = fill_block(readme.read_text(), settings.markdown_table(user_only=True), "README.md")
         out[root / "docs/settings.md"] = settings.docs_text()  # the page fixtures.settings --write-docs writes
+    for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        text = out.get(page, page.read_text())
+        if COMMAND_CODES.search(text):
+            out[page] = _with_command_codes(str(page.relative_to(root)), text)
     return out
 
 

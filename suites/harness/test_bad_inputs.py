@@ -228,12 +228,6 @@ def call(module: str, argv: list[str]) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
-def listed(help_text: str) -> dict[int, str]:
-    """The codes under "exit codes:" in a --help, with what each means there."""
-    block = help_text.split("exit codes:\n", 1)[1]
-    return {int(m[1]): m[2] for m in re.finditer(r"^  (\d+)  (.*)$", block, re.M)}
-
-
 def returned(module: str) -> set[int]:
     """The codes a command's source can return: main's returns (cli constants, literals), its InputError and
     Incomplete, and what the ``__main__`` block hands to the shell must be main's own code."""
@@ -272,7 +266,7 @@ def test_the_commands_are_found():
 def test_help_lists_each_code_it_returns_with_the_tables_meaning(module):
     code, out, err = call(module, ["--help"])
     assert code == cli.OK and out.startswith("usage: python -m ") and "exit codes:\n" in out, out + err
-    codes = listed(out)
+    codes = cli.listed_codes(out)
     assert set(codes) <= set(cli.EXIT_CODES), f"{module} lists codes outside ci.cli.EXIT_CODES: {sorted(codes)}"
     assert cli.OK in codes and cli.INPUT in codes, f"{module} does not list 0 and 4 (a usage error): {sorted(codes)}"
     wrong = [
