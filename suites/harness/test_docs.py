@@ -68,6 +68,18 @@ def test_readme_gives_both_commands_in_its_first_30_lines():
     assert [c for c in COMMANDS if c not in head] == [], "README.md's first 30 lines must give both commands"
 
 
+def test_the_main_job_tests_only_the_implementations_impl_names(tmp_path):
+    """``bash ci/conformance.sh --impl X`` tests X alone: every registered implementation is the main job's default,
+    not an addition to what ``--impl`` names."""
+    argv = ["bash", "ci/conformance.sh", "--impl", "reference-ep", "--ep", "1", "--results-dir", str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if k != "MOE_CONFORMANCE_IMPL"}
+    done = subprocess.run([*argv, "--co", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    subjects = [line for line in done.stdout.splitlines() if line.startswith("suites/conformance/")]
+    others = [line for line in subjects if "[reference-ep-EP1" not in line]
+    assert subjects and not others, f"{len(others)} conformance tests of other implementations, such as {others[:3]}"
+
+
 @pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_resolves_inside_the_repository(page):
     assert dead_links(page) == []
