@@ -103,12 +103,22 @@ def _usage_error(monkeypatch, **given) -> str:
     "given, starts, also",
     [
         ({"--impl": ["nonexistent"]}, "--impl: unknown implementation 'nonexistent'", ["reference-ep"]),
+        ({"--impl": ["reference-ep[nope]"]}, "--impl: reference-ep[nope]: unknown recipe", ["sm90_pull_fp8_blockwise"]),
+        ({"--impl": ["faulty:nope@reference-ep"]}, "--impl: unknown fault 'nope'", ["scale_1e-2"]),
         ({"--hypothesis-profile": "device"}, "--hypothesis-profile 'device'", list(settings.PROFILE_NAMES)),
         ({"--ep": "1,x"}, "--ep '1,x': expected EP sizes", []),
         ({"--impl": ["reference-ep"], "--ep": "3"}, "--ep 3: no selected implementation supports EP3", []),
         ({"--impl": ["reference-ep"], "--ep": "1,3"}, "--ep 1,3: no selected implementation supports EP3", []),
     ],
-    ids=["unknown-impl", "unknown-hypothesis-profile", "non-integer-ep", "unsupported-ep-3", "unsupported-ep-1,3"],
+    ids=[
+        "unknown-impl",
+        "unknown-recipe",
+        "unknown-fault",
+        "unknown-hypothesis-profile",
+        "non-integer-ep",
+        "unsupported-ep-3",
+        "unsupported-ep-1,3",
+    ],
 )
 def test_a_bad_option_is_one_usage_error(monkeypatch, given, starts, also):
     message = _usage_error(monkeypatch, **given)
