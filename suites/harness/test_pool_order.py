@@ -78,8 +78,8 @@ def test_under_xdist_each_implementation_is_one_run_of_tests_ep1_first():
 
 
 def test_impl_deselects_gpu_tests_about_another_implementation():
-    """``--impl A``: a GPU test that names B by a parameter (the fault wrappers' ``name``, a behaviour test's
-    descriptor) is deselected; A's, and CPU tests, stay."""
+    """``--impl A``: a GPU test that names B by a parameter (the fault wrappers' ``name``, an in-process graph
+    replay's ``name``, a behaviour test's descriptor) is deselected; A's, and CPU tests, stay."""
     from fixtures.core.selection import deselect_other_implementations, implementations_of
 
     a, b = implementations_of({"sm90"})[:2]
@@ -87,6 +87,8 @@ def test_impl_deselects_gpu_tests_about_another_implementation():
         _Item("A faults", {"name": a}, ["rank_pool", "sm90"]),
         _Item("B faults", {"name": b}, ["rank_pool", "sm90"]),
         _Item("B behaviour", {"built": SimpleNamespace(impl_name=b)}, ["sm90"]),
+        _Item("B graph replay", {"name": b}, ["sm90"]),
+        _Item("A graph replay", {"name": a}, ["sm90"]),
         _Item("B on the CPU", {"name": b}, ["rank_pool"]),
         _Item("about no one", {}, ["sm90"]),
     ]
@@ -96,8 +98,9 @@ def test_impl_deselects_gpu_tests_about_another_implementation():
         hook=SimpleNamespace(pytest_deselected=lambda items: dropped.extend(items)),
     )
     deselect_other_implementations(config, items)
-    assert [i.label for i in items] == ["A faults", "B on the CPU", "about no one"], [i.label for i in items]
-    assert [i.label for i in dropped] == ["B faults", "B behaviour"]
+    kept = ["A faults", "A graph replay", "B on the CPU", "about no one"]
+    assert [i.label for i in items] == kept, [i.label for i in items]
+    assert [i.label for i in dropped] == ["B faults", "B behaviour", "B graph replay"]
 
 
 @pytest.mark.parametrize("given", ["faulty:scale_1e-2@{a}", "{a}+cuda_graph=True"])
