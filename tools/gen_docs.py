@@ -471,7 +471,7 @@ def targets(root: Path = ROOT) -> dict[Path, str]:
     if settings:
         readme = root / "README.md"
         out[readme] = fill_block(readme.read_text(), settings.markdown_table(user_only=True), "README.md")
-        out[root / "docs/settings.md"] = settings.docs_text()  # the page fixtures.settings --write-docs writes
+        out[root / "docs/settings.md"] = settings.docs_text()
     for page in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
         text = out.get(page, page.read_text())
         if COMMAND_CODES.search(text):
