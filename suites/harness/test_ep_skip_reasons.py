@@ -209,12 +209,19 @@ def _verdict(done: subprocess.CompletedProcess) -> list[str]:
 
 
 @pytest.mark.skipif(not arch.skip_reason("sm90"), reason="an SM90 GPU is visible here: -m sm90 tests something")
-def test_sm90_without_an_sm90_gpu_is_nothing_tested_unless_allowed():
-    done = _pytest("-m", "sm90", GPU_ONLY_FILE)
+def test_sm90_without_an_sm90_gpu_is_nothing_tested_unless_allowed(tmp_path):
+    from fixtures.plugin import run_folder
+
+    done = _pytest("-m", "sm90", GPU_ONLY_FILE, "--results-dir", str(tmp_path / "empty"))
     assert done.returncode == cli.NOTHING_TESTED, done.stdout[-2000:]
     assert len(_verdict(done)) == 1 and "-m sm90: needs an SM90 GPU" in _verdict(done)[0], done.stdout[-2000:]
-    allowed = _pytest("-m", "sm90", GPU_ONLY_FILE, "--allow-nothing-tested")
+    allowed = _pytest("-m", "sm90", GPU_ONLY_FILE, "--allow-nothing-tested", "--results-dir", str(tmp_path / "allowed"))
     assert allowed.returncode == cli.OK and not _verdict(allowed), allowed.stdout[-2000:]
+    # the run folder's summary records the status the process exits with
+    statuses = [
+        summary["exit_status"] for name in ("empty", "allowed") for _, summary in run_folder.summaries(tmp_path / name)
+    ]
+    assert statuses == [cli.NOTHING_TESTED, cli.OK], statuses
 
 
 @pytest.mark.skipif(not arch.skip_reason("sm90"), reason="an SM90 GPU is visible here: the SM90 backend runs")

@@ -76,6 +76,15 @@ def test_summary_validates_and_counts_as_pytest_does(tmp_path, outcomes_file, wo
     assert len(summary["tests"]) == 7 and summary["versions"]["pytest"] and summary["versions"]["torch"]
 
 
+def test_a_spread_run_stopped_at_its_first_failure_is_failed_not_interrupted(tmp_path, outcomes_file):
+    """-x under pytest-xdist: exit 1 (tests failed) and a summary that says so, as in one process; xdist stops the run
+    by raising its Interrupted, which pytest alone reports as 2 (interrupted: Ctrl-C, a collection error)."""
+    done = _pytest(tmp_path, "-n", "2", "-x", str(outcomes_file))
+    assert done.returncode == 1 and "stopping after" in done.stdout, done.stdout[-3000:]
+    (folder,) = run_folder.runs(tmp_path)
+    assert run_folder.read_summary(folder / run_folder.SUMMARY)["exit_status"] == 1
+
+
 def test_a_summary_off_its_schema_is_refused(tmp_path, outcomes_file):
     _pytest(tmp_path, str(outcomes_file))
     (folder,) = run_folder.runs(tmp_path)
@@ -257,11 +266,21 @@ atexit.register(lambda: os.kill(os.getpid(), signal.SIGSEGV))
 """
 
 
-def _child(tmp_path: Path, body: str, **env) -> int:
+# a plugin that changes the session's status as it finishes, as fixtures.plugin.nothing_tested does (a green run that
+# tested nothing: 5)
+SETS_STATUS_5 = """import pytest
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    session.exitstatus = 5
+"""
+
+
+def _child(tmp_path: Path, body: str, *more_plugins: str, **env) -> int:
     (tmp_path / "fake_cuda_crash.py").write_text(FAKE_CUDA_AND_CRASH)
+    (tmp_path / "sets_status_5.py").write_text(SETS_STATUS_5)
     (tmp_path / "test_child.py").write_text(f"def test_it():\n    {body}\n")
     run_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)]), **env}
-    plugins = "-p no:cacheprovider -p fake_cuda_crash -p fixtures.plugin.clean_exit".split()
+    plugins = ["-p", "no:cacheprovider", "-p", "fake_cuda_crash", *more_plugins, "-p", "fixtures.plugin.clean_exit"]
     argv = [sys.executable, "-m", "pytest", "-q", *plugins, "-c", os.devnull, "--rootdir", str(tmp_path)]
     argv.append(str(tmp_path / "test_child.py"))
     return subprocess.run(argv, cwd=tmp_path, env=run_env, capture_output=True, text=True, timeout=120).returncode
@@ -270,6 +289,12 @@ def _child(tmp_path: Path, body: str, **env) -> int:
 @pytest.mark.parametrize("body, status", [("assert True", 0), ("assert False", 1)])
 def test_pytests_status_survives_a_crashing_teardown(tmp_path, body, status):
     assert _child(tmp_path, body) == status
+
+
+def test_the_status_a_plugin_leaves_is_the_one_it_exits_with(tmp_path):
+    """A plugin's change of the session's status (nothing tested: 5) outlives the clean exit, which reads the status
+    at the end, not the one pytest_sessionfinish was called with."""
+    assert _child(tmp_path, "assert True", "-p", "sets_status_5") == 5
 
 
 def test_a_child_of_an_xdist_worker_exits_cleanly_too(tmp_path):
