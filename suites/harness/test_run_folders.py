@@ -8,6 +8,7 @@ shows the crash), and one that dies inside a test leaves its name (``running-<wo
 from __future__ import annotations
 
 import functools
+from collections import Counter
 import json
 import os
 import re
@@ -20,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from ci import cli, compare_runs, report
+from ci import cli, compare_runs, report, report_outcomes
 from fixtures.plugin import run_folder, shard
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
@@ -74,6 +75,9 @@ def test_summary_validates_and_counts_as_pytest_does(tmp_path, outcomes_file, wo
     cells = summary["matrix"]["-"]["-"]
     assert cells == WANT and summary["exit_status"] == 1 and summary["shard"] is None
     assert len(summary["tests"]) == 7 and summary["versions"]["pytest"] and summary["versions"]["torch"]
+    # without --junitxml the session's JUnit file is the run folder's, for ci.report and ci.compare_runs to read
+    found = Counter(test.outcome for test in report_outcomes.tests(folder))
+    assert found == {"passed": 3, "failed": 2, "skipped": 1, "xfailed": 1}, found
 
 
 def test_a_spread_run_stopped_at_its_first_failure_is_failed_not_interrupted(tmp_path, outcomes_file):
