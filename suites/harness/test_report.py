@@ -12,7 +12,9 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -247,6 +249,38 @@ def test_printed_reproduction_runs_with_a_bare_path_and_fails_again():
     done = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     out = done.stdout + done.stderr
     assert done.returncode == 1 and "FAIL oracle: [oracle] faulty:rank_zeroed" in out, f"{command}\n{out[-2000:]}"
+
+
+def test_pytest_reports_a_checks_failure_as_its_message_with_one_reproduction(tmp_path):
+    """Under pytest's default --tb the report of a failing check is its message: the verdict, the scenario and one
+    reproduction line, no traceback (which showed fail()'s source, with a reproduction template of its own, and
+    hypothesis's replayed examples, each with another)."""
+    argv = [sys.executable, "-m", "pytest", "suites/conformance/test_generic.py", "--impl", "faulty:rank_zeroed"]
+    argv += ["--ep", "1", "-k", "test_matches_reference", "-p", "no:cacheprovider", "--results-dir", str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "MOE_CONFORMANCE_"))}
+    env.update(MOE_WORKERS="0", MOE_HYPOTHESIS_PROFILE="no-shrink")  # its first failing example, reported at once
+    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = done.stdout
+    assert done.returncode == 1 and "[oracle] faulty:rank_zeroed at EP1" in out, out[-3000:] + done.stderr[-2000:]
+    report_text = out.split(" FAILURES ", 1)[1].split(" short test summary info ", 1)[0]
+    assert report_text.count("reproduce: ") == 1 and "Traceback" not in report_text, report_text[-3000:]
+
+
+@pytest.mark.parametrize(
+    "tbstyle, fulltrace, short", [("auto", False, True), ("long", False, False), ("auto", True, False)]
+)
+def test_a_traceback_asked_for_is_kept(tbstyle, fulltrace, short):
+    """--tb=long (or short, native) and --full-trace keep pytest's traceback of a check's failure."""
+    from fixtures.plugin import triage
+
+    failure = ConformanceFailure("[oracle] k at EP1: the verdict\n  reproduce: python -m ci.repro ...", check="oracle")
+    item = SimpleNamespace(config=SimpleNamespace(option=SimpleNamespace(tbstyle=tbstyle, fulltrace=fulltrace)))
+    report = SimpleNamespace(failed=True, longrepr="the traceback")
+    hook = triage.pytest_runtest_makereport(item, SimpleNamespace(excinfo=SimpleNamespace(value=failure)))
+    next(hook)
+    with pytest.raises(StopIteration) as done:
+        hook.send(report)
+    assert done.value.value.longrepr == (str(failure) if short else "the traceback")
 
 
 # ---------------------------------------------------------------- the tools that read the per-case records, and the latency bench's GPU peaks

@@ -90,7 +90,8 @@ def test_the_generic_suite_names_it_within_seconds_and_its_reproduction_fails_ag
 @pytest.mark.parametrize("ep", [1, 2])
 def test_a_plain_fault_on_a_layer_with_a_history_stays_its_own_check(ep):
     """A 1% scale fails the same batch on a fresh layer too: reported as [systematic], saying so, by the triage (the
-    check itself reruns nothing: its failure on a layer with a history is an AfterHistory, the triage's input)."""
+    check itself reruns nothing: its failure on a layer with a history is an AfterHistory, the triage's input), with
+    the fresh layer's reproduction."""
     spec = "faulty:scale_1e-2"
     subject, scenario = Subject(spec, load(spec), ep), _scenario(ep, seed=40, tokens=16)  # enough for the systematic
     with pytest.raises(ConformanceFailure) as caught:
@@ -105,6 +106,8 @@ def test_a_plain_fault_on_a_layer_with_a_history_stays_its_own_check(ep):
     text = str(judgement)
     assert not isinstance(judgement, HistoryFailure) and text.startswith(f"[systematic] {spec} at EP{ep}"), text
     assert "the same batch fails on a fresh layer too" in text, text
+    # its reproduction is the fresh layer's: the batch alone, replaying no history, failing where the message says
+    assert "the reproduction first replays" not in text and len(judgement.scenario.batches) == 1, text
 
 
 @pytest.mark.parametrize("ep", [1, 2])
