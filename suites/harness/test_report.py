@@ -24,7 +24,7 @@ from ci.report_html import to_html
 from fixtures.core.checks import ConformanceFailure, check_oracle
 from fixtures.core.implementation import load
 from fixtures.core.problem import BatchCase, LayerCase, Scenario
-from fixtures.core.results import CaseRecord
+from fixtures.core.results import CaseRecord, records
 from fixtures.core.runner import Subject
 from reference.evidence import RAW_FLASHINFER_074_CALIBRATION, RAW_NIGHTLY_GREEN
 from tools import bench_cases, bench_latency
@@ -264,6 +264,10 @@ def test_pytest_reports_a_checks_failure_as_its_message_with_one_reproduction(tm
     assert done.returncode == 1 and "[oracle] faulty:rank_zeroed at EP1" in out, out[-3000:] + done.stderr[-2000:]
     report_text = out.split(" FAILURES ", 1)[1].split(" short test summary info ", 1)[0]
     assert report_text.count("reproduce: ") == 1 and "Traceback" not in report_text, report_text[-3000:]
+    # its record carries the same reproduction, and the scenario and seed, as fields of their own
+    (record,) = [r for r in records(tmp_path, "failures") if r["test"].endswith("[faulty:rank_zeroed-EP1]")]
+    assert f"reproduce: {record['reproduce']}" in report_text and json.loads(record["scenario"])["batches"], record
+    assert "seed" in record, record
 
 
 @pytest.mark.parametrize(
