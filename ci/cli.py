@@ -78,18 +78,19 @@ class Parser(argparse.ArgumentParser):
 
 
 def command(name: str):
-    """Decorate a command's ``main(argv) -> int`` (``name``: its module, e.g. ``ci.compare_runs``): an InputError or
-    Incomplete becomes its one line on stderr and its exit code, for callers of ``main`` (tests, other commands)
-    as for the shell."""
+    """Decorate a command's ``main(argv) -> int`` (``name``: its module, e.g. ``ci.compare_runs``): an InputError,
+    an invalid ``MOE_*`` setting (fixtures.settings.SettingError) or an Incomplete becomes its one line on stderr and
+    its exit code, for callers of ``main`` (tests, other commands) as for the shell."""
+    from fixtures.settings import SettingError
 
     def decorate(main):
         @functools.wraps(main)
         def wrapped(argv=None) -> int:
             try:
                 return main(argv)
-            except (InputError, Incomplete) as err:
+            except (InputError, SettingError, Incomplete) as err:
                 print(f"python -m {name}: " + " ".join(str(err).split()), file=sys.stderr)  # one line, always
-                return INPUT if isinstance(err, InputError) else INCOMPLETE
+                return INCOMPLETE if isinstance(err, Incomplete) else INPUT
 
         return wrapped
 

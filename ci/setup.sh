@@ -131,13 +131,21 @@ fi
 others="${MOE_OTHER_FLASHINFER-0.7.2.post1}"
 [ "$mode" = venv ] || others="${MOE_OTHER_FLASHINFER-}"
 for other in $others; do
+  # a version pip can install (0.7.2.post1), never a word or a path: each one costs an environment of its own
+  [[ "$other" =~ ^[0-9]+(\.[0-9A-Za-z]+)*$ ]] || {
+    say "MOE_OTHER_FLASHINFER: '$other' is not a flashinfer-python version (e.g. 0.7.2.post1; empty: none)"
+    exit "$INPUT"
+  }
   env2="$root/.venv-fi-$other"
   if stale "$env2/.moe-installed"; then
     "$base" -m venv "$env2" >&2
     grep -v '^flashinfer-python==' "$constraints" > "$env2/constraints.txt"
     pip_in "$env2/bin/python" "$env2/constraints.txt" torch
     pip_in "$env2/bin/python" "$env2/constraints.txt" -e "$root[test]" "flashinfer-python==$other"
-    "$env2/bin/python" -c "import torch, pytest, hypothesis, flashinfer" >&2 && touch "$env2/.moe-installed"
+    "$env2/bin/python" -c "import torch, pytest, hypothesis, flashinfer" >&2 && touch "$env2/.moe-installed" || {
+      say "could not install flashinfer-python==$other into $env2 (pip's lines above say why; MOE_OTHER_FLASHINFER=\"\": none)"
+      exit "$INCOMPLETE"
+    }
   fi
 done
 if [ "$mode" = active ]; then echo "$py"; else echo "$venv/bin/python"; fi

@@ -139,6 +139,7 @@ def setup_sh(tmp_path):
         assert done.returncode == 0, done.stderr
         return [line.split() for line in log.read_text().splitlines() if " -m pip install " in line]
 
+    run.env = env  # for a test that runs it with another value
     return tmp_path, run
 
 
@@ -155,6 +156,17 @@ def test_setup_installs_torch_first_and_everything_at_the_constraints(setup_sh):
     pinned, _ = pins(Path(used.pop()))
     assert not used and "flashinfer-python" not in pinned and pinned["torch"] == pins(CONSTRAINTS)[0]["torch"]
     assert "flashinfer-python==0.7.2.post1" in calls[-1], calls[-1]
+
+
+def test_an_other_flashinfer_that_is_no_version_stops_set_up_with_one_line_before_any_install(setup_sh):
+    root, run = setup_sh
+    env = {**run.env, "MOE_OTHER_FLASHINFER": "0.7.2.post1 bogus"}
+    done = subprocess.run(["bash", str(root / "ci" / "setup.sh")], env=env, capture_output=True, text=True, timeout=60)
+    said = [line for line in done.stderr.splitlines() if "MOE_OTHER_FLASHINFER" in line]
+    assert done.returncode == 4 and said == [
+        "ci/setup.sh: MOE_OTHER_FLASHINFER: 'bogus' is not a flashinfer-python version (e.g. 0.7.2.post1; empty: none)"
+    ], done.stderr[-2000:]
+    assert not (root / ".venv-fi-bogus").exists()
 
 
 @pytest.mark.parametrize("changed", ["ci/constraints.txt", "pyproject.toml"])

@@ -7,6 +7,7 @@ import ast
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,11 +29,21 @@ INVALID = dict(
     MOE_ORACLE_CACHE_GB=-1 MOE_GPU_MAX_HIDDEN=2k MOE_GPU_MAX_INTERMEDIATE=0 MOE_F13_TORCH_INTERLEAVE=2
     MOE_CLEAN_EXIT=nope MOE_CUTE_DSL_CACHE=maybe MOE_GSM8K_URL=ftp://example.org MOE_USE_VENV=yes
     MOE_POOL_ADDR=localhost MOE_POOL_AUTHKEY=xyz MOE_DIST_BACKEND=mpi MOE_PLACEMENT=anywhere MOE_SHARD=3/2
-    MOE_PIN_WORKER_GPU=2 MOE_GPU_LIST=0,a MOE_LEDGER_GAPS=all""".split()
+    MOE_PIN_WORKER_GPU=2 MOE_GPU_LIST=0,a MOE_LEDGER_GAPS=all MOE_GSM8K_DIR=/nonexistent
+    MOE_GSM8K_CONFIG=/nonexistent.yaml""".split()
 )
+# Values at the edges that were taken and then broke a run: an overflow in torch.distributed or in a C long, an EP
+# size no pool runs (every model test skipped), a shard count that hung the split, a data folder that is a file.
+EDGES = [
+    ("MOE_COLLECTIVE_TIMEOUT", "1e10"),
+    ("MOE_HOST_THREADS", "3000000000"),
+    ("MOE_MODEL_EP", "3"),
+    ("MOE_SHARD", "1/1000000000"),
+    ("MOE_GSM8K_DIR", str(Path(__file__))),
+]
 FREE_TEXT = set(
-    """MOE_CONFORMANCE_IMPL MOE_RESULTS_DIR MOE_GSM8K_DIR MOE_GSM8K_CACHE MOE_GSM8K_CONFIG MOE_PYTHON MOE_VENV
-    MOE_JIT_CACHE MOE_JIT_AOT MOE_OTHER_FLASHINFER""".split()
+    """MOE_CONFORMANCE_IMPL MOE_RESULTS_DIR MOE_GSM8K_CACHE MOE_PYTHON MOE_VENV MOE_JIT_CACHE MOE_JIT_AOT
+    MOE_OTHER_FLASHINFER""".split()
 )
 
 
@@ -42,9 +53,8 @@ def test_every_declared_variable_has_an_invalid_value_here_or_takes_any_text():
         assert settings.DECLARED[name].get({name: "any text"}) == "any text", name
 
 
-@pytest.mark.parametrize("name", sorted(INVALID))
-def test_an_invalid_value_is_one_line_naming_the_variable(name):
-    bad = INVALID[name]
+@pytest.mark.parametrize("name, bad", [*sorted(INVALID.items()), *EDGES])
+def test_an_invalid_value_is_one_line_naming_the_variable(name, bad):
     with pytest.raises(settings.SettingError) as err:
         settings.validate({name: bad})
     message = str(err.value)
@@ -79,6 +89,39 @@ def test_an_invalid_value_stops_ci_test_sh_with_one_line():
     assert len(lines) == 1 and "MOE_CASE_TIMEOUT" in lines[0], lines
 
 
+@pytest.mark.parametrize(
+    "args, env, starts",
+    [
+        (["--results-dir", "/dev/null"], {}, "ERROR: --results-dir '/dev/null': cannot hold a run folder"),
+        ([], {"MOE_RESULTS_DIR": "/dev/null"}, "ERROR: MOE_RESULTS_DIR '/dev/null': cannot hold a run folder"),
+    ],
+    ids=["option", "variable"],
+)
+def test_a_results_folder_that_cannot_be_made_is_one_usage_line(args, env, starts):
+    argv = [sys.executable, "-m", "pytest", "suites/harness/test_settings.py", "--co", "-q", "-p", "no:cacheprovider"]
+    done = subprocess.run(
+        [*argv, *args], cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=300
+    )
+    said = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert done.returncode == 4 and len(said) == 1 and said[0].startswith(starts), (done.returncode, said[-5:])
+
+
+@pytest.mark.parametrize(
+    "expr, unknown",
+    [("cpu and not slwo", "slwo"), ("smm90", "smm90"), ("sm90 or (cpu and not slow)", None), ("gsm8k", None)],
+)
+def test_a_marker_expression_naming_no_registered_marker_is_a_usage_error(expr, unknown):
+    """pytest alone selects by an unknown marker silently: "not slwo" deselects nothing, "smm90" everything."""
+    markers = ["cpu: runs on a CPU-only machine", "sm90: needs a Hopper GPU", "slow: long-running", "gsm8k: gates"]
+    config = SimpleNamespace(option=SimpleNamespace(markexpr=expr), getini=lambda name: markers)
+    session = SimpleNamespace(config=config)
+    if unknown is None:
+        options.pytest_sessionstart(session)
+        return
+    with pytest.raises(pytest.UsageError, match=rf"^-m {expr!r}: no marker {unknown!r} is registered"):
+        options.pytest_sessionstart(session)
+
+
 class _Config:
     """The options fixtures.plugin.options.check reads, as pytest's config would give them."""
 
@@ -109,6 +152,18 @@ def _usage_error(monkeypatch, **given) -> str:
         ({"--ep": "1,x"}, "--ep '1,x': expected EP sizes", []),
         ({"--impl": ["reference-ep"], "--ep": "3"}, "--ep 3: no selected implementation supports EP3", []),
         ({"--impl": ["reference-ep"], "--ep": "1,3"}, "--ep 1,3: no selected implementation supports EP3", []),
+        ({"--impl": [""]}, "--impl: names no implementation", ["reference-ep"]),
+        ({"--impl": [","]}, "--impl: names no implementation", ["reference-ep"]),
+        ({"--ep": ""}, "--ep '': expected EP sizes", []),
+        ({"--hypothesis-profile": "default"}, "--hypothesis-profile 'default'", list(settings.PROFILE_NAMES)),
+        ({"--impl": ["os:wait"]}, "--impl: os:wait: its factory raised ChildProcessError", []),
+        ({"--impl": ["sys:exit"]}, "--impl: sys:exit: its factory raised SystemExit", []),
+        (
+            {"--impl": ["sm90_fp8_fp8_bf16_push_cuda+nope=1"]},
+            "--impl: sm90_fp8_fp8_bf16_push_cuda+nope=1: unknown knob 'nope=1'",
+            ["combine_dtype"],
+        ),
+        ({"--impl": ["sm90_fp8_fp8_bf16_push_cuda+"]}, "--impl: sm90_fp8_fp8_bf16_push_cuda+: no knob given", []),
     ],
     ids=[
         "unknown-impl",
@@ -118,6 +173,14 @@ def _usage_error(monkeypatch, **given) -> str:
         "non-integer-ep",
         "unsupported-ep-3",
         "unsupported-ep-1,3",
+        "empty-impl",
+        "comma-impl",
+        "empty-ep",
+        "hypothesis-own-default-profile",
+        "factory-raises",
+        "factory-exits",
+        "unknown-knob",
+        "no-knob",
     ],
 )
 def test_a_bad_option_is_one_usage_error(monkeypatch, given, starts, also):
