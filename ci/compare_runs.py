@@ -42,7 +42,6 @@ import sys
 import tempfile
 from collections import defaultdict
 from pathlib import Path
-from xml.etree import ElementTree
 
 from ci import cli, runs, time_budget
 from fixtures.core.results import case_records, expected_by_its_test, junit_outcomes, latency_rows, records
@@ -262,22 +261,11 @@ def readable(folder: Path, name: str) -> None:
         raise cli.InputError(
             f"incomparable: {name} folder {folder} {what}; give two results folders (each run's --results-dir)"
         )
-    try:
-        for path in sorted(folder.rglob("*.jsonl")):
-            for number, line in enumerate(path.read_text().splitlines(), 1):
-                if line.strip():
-                    json.loads(line)
-        for path in [*sorted(folder.rglob("junit*.xml")), *(folder / n for n in ("latency.json", "api.json"))]:
-            if path.suffix == ".xml":
-                ElementTree.parse(path)
-            elif path.exists():
-                json.loads(path.read_text())
-    except (ValueError, ElementTree.ParseError) as err:  # json's errors are ValueErrors
-        where = f"{path} line {number}" if path.suffix == ".jsonl" else str(path)
+    problem = runs.unreadable(folder)
+    if problem:
         raise cli.InputError(
-            f"incomparable: {where} is malformed ({err}); the records are JSON lines and the JUnit "
-            "files XML, as the suite writes them"
-        ) from None
+            f"incomparable: {problem}; the records are JSON lines and the JUnit files XML, as the suite writes them"
+        )
 
 
 @cli.command("ci.compare_runs")

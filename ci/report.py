@@ -19,12 +19,10 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from xml.etree import ElementTree
 
 from ci import cli, report_baseline, report_bounds, runs, report_failures, report_outcomes, report_plots
 from ci.report_html import to_html
 from fixtures.core.results import case_records, junit_outcomes, latency_rows, left_running, records
-from fixtures.core.results import text as results_text
 from tools import bench_cases
 
 CODES = {
@@ -183,19 +181,9 @@ def readable(folder: Path) -> None:
             f"{folder} holds no results (junit*.xml, cases-*.jsonl, env.json, plain or .gz); give "
             "a results folder (pytest's --results-dir, or ci.nightly's --out)"
         )
-    for path in files:
-        try:
-            text = results_text(path)
-            if path.name.removesuffix(".gz").endswith(".xml"):
-                ElementTree.fromstring(text)
-            elif path.name.removesuffix(".gz").endswith(".jsonl"):
-                [json.loads(line) for line in text.splitlines() if line.strip()]
-            else:
-                json.loads(text)
-        except (OSError, UnicodeDecodeError, ValueError, ElementTree.ParseError) as err:  # json's errors: ValueError
-            raise cli.InputError(
-                f"{path} is malformed ({err}); the suite writes JSON lines, JUnit XML and JSON, plain or gzipped"
-            ) from None
+    problem = runs.unreadable(folder)
+    if problem:
+        raise cli.InputError(f"{problem}; the suite writes JSON lines, JUnit XML and JSON, plain or gzipped")
 
 
 @cli.command("ci.report")

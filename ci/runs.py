@@ -27,6 +27,53 @@ _WORST = ("skipped", "xfailed", "passed", "xpassed", "failed", "error")
 _SKIP_COPY = ("latest.txt", "report.md", "report.html", "plots", MERGED_SUMMARY)  # outputs, not results
 
 
+RESULT_SUFFIXES = (".jsonl", ".xml", ".json")  # what the suite writes into a results folder, plain or .gz
+
+
+def unreadable(folder: Path) -> str | None:
+    """The first results file under ``folder`` that its reader could not read, in words, or None: a path named like a
+    results file that is no readable file (a folder, a dangling link, no permission), text that is not UTF-8, a JSON
+    line that is no object (a per-case record without its fields), a JUnit file that is no XML, a JSON file that is
+    no JSON."""
+    from xml.etree import ElementTree
+
+    from fixtures.core import results
+
+    for path in sorted(folder.rglob("*")):
+        name = path.name.removesuffix(".gz")
+        if not name.endswith(RESULT_SUFFIXES):
+            continue
+        if not path.is_file():
+            return f"{path} is {'a folder' if path.is_dir() else 'no readable file'}, named like a results file"
+        try:
+            text = results.text(path)
+            if name.endswith(".xml"):
+                ElementTree.fromstring(text)
+            elif name.endswith(".json"):
+                json.loads(text)
+        except (OSError, UnicodeDecodeError, ValueError, ElementTree.ParseError) as err:  # json's: ValueError
+            return f"{path} is malformed ({' '.join(str(err).split())})"
+        if name.endswith(".jsonl"):
+            for number, line in enumerate(text.splitlines(), 1):
+                problem = _record_problem(line, name) if line.strip() else None
+                if problem:
+                    return f"{path} line {number} {problem}"
+    return None
+
+
+def _record_problem(line: str, name: str) -> str | None:
+    from fixtures.core.results import CASE_REQUIRED
+
+    try:
+        record = json.loads(line)
+    except ValueError as err:
+        return f"is malformed (not JSON: {err})"
+    if not isinstance(record, dict):
+        return "is malformed (not a JSON object)"
+    missing = [field for field in CASE_REQUIRED if field not in record] if name.startswith("cases-") else []
+    return f"is malformed (it lacks a per-case record's {', '.join(missing)})" if missing else None
+
+
 def summaries(folders: list[Path]) -> list[tuple[Path, dict]]:
     """Every run's summary.json under ``folders``, checked (schema, disjoint shards): an InputError otherwise."""
     found: list[tuple[Path, dict]] = []

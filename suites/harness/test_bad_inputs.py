@@ -107,6 +107,9 @@ ROWS = [
     ("report-missing-folder", "ci.report {tmp}/gone", IN, "does not exist"),
     ("report-empty-folder", "ci.report {tmp}/empty", IN, "holds no results"),
     ("report-malformed-record", "ci.report {tmp}/r", IN, "is malformed"),
+    ("report-record-not-an-object", "ci.report {tmp}/r", IN, "failures-main.jsonl line 1 is malformed (not a JSON"),
+    ("report-folder-named-like-a-record", "ci.report {tmp}/r", IN, "cases-main.jsonl is a folder, named like a"),
+    ("compare-record-without-its-fields", "ci.compare_runs {tmp}/a {tmp}/a", IN, "lacks a per-case record's impl"),
     ("time-budget-missing-folder", "ci.time_budget {tmp}/run", IN, "does not exist; give a results folder"),
     ("time-budget-empty-folder", "ci.time_budget {tmp}/run", cli.NOTHING_TESTED, "no test times"),
     ("time-budget-malformed-record", "ci.time_budget {tmp}/run", IN, "holds a malformed record or JUnit file"),
@@ -125,6 +128,9 @@ FILES = {  # what a row writes under the test's folder first
     "api-diff-not-a-snapshot": {"a.json": "{}"},
     "report-empty-folder": {"empty/": ""},  # a name ending in "/": a folder
     "report-malformed-record": {"r/cases-main.jsonl": "{not json\n"},
+    "report-record-not-an-object": {"r/failures-main.jsonl": "[1, 2]\n"},
+    "report-folder-named-like-a-record": {"r/cases-main.jsonl/": "", "r/env.json": "{}"},
+    "compare-record-without-its-fields": {"a/cases-main.jsonl": "{}\n"},
     "time-budget-empty-folder": {"run/": ""},
     "time-budget-malformed-record": {"run/tests-main.jsonl": '{"time": 1, "impl": \n'},
     "time-budget-record-lacking-a-field": {"run/tests-main.jsonl": '{"time": 1}\n'},
@@ -280,6 +286,15 @@ def test_help_lists_each_code_it_returns_with_the_tables_meaning(module):
     assert not unlisted, f"{module} can return {sorted(unlisted)}, which its --help does not list: {sorted(codes)}"
     if module == "ci.backends":  # the names --impl takes beyond the listed ones
         assert "all " in out and "pkg.module:factory" in out, out
+
+
+def test_an_invalid_setting_a_command_reads_is_exit_4_and_one_line(monkeypatch, tmp_path):
+    """A ``MOE_*`` value the command's code reads (here the gate's data folder) is unusable input, said in one line."""
+    monkeypatch.setenv("MOE_GSM8K_DIR", str(tmp_path / "nowhere"))
+    config = ROOT / "configs" / "gsm8k" / "qwen3-30b-a3b-vllm-megamoe.yaml"
+    code, out, err = call("ci.gsm8k_gate", [str(config), "--out", str(tmp_path / "out")])
+    said = [line for line in err.splitlines() if line.strip()]
+    assert code == cli.INPUT and len(said) == 1 and "MOE_GSM8K_DIR=" in said[0], (code, out[-500:], err[-2000:])
 
 
 @pytest.mark.parametrize("module", COMMANDS)
