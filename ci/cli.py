@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import functools
 import importlib
 import io
 import re
 import sys
+from typing import Callable
 
 OK, VERDICT, INTERRUPTED, INTERNAL, INPUT, NOTHING_TESTED, INCOMPLETE = 0, 1, 2, 3, 4, 5, 6
 # code -> its one meaning, for every command (pytest's 0-5 are pytest's own; the suite adds what they leave open)
@@ -60,6 +62,19 @@ def epilog(codes: dict[int, str], more: str = "") -> str:
     usage = {OK: "ok", INPUT: "unusable input: a bad argument (one line says which)"}
     rows = "\n".join(f"  {code}  {meaning}" for code, meaning in sorted({**usage, **codes}.items()))
     return (more.rstrip() + "\n\n" if more else "") + "exit codes:\n" + rows
+
+
+def positive(kind: type) -> Callable[[str], float]:
+    """An argparse type: a finite number of ``kind`` above 0 (a bad one is the parser's one-line error, exit 4)."""
+
+    def parse(text: str):
+        value = kind(text)
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a number > 0")
+        return value
+
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
 
 
 class Parser(argparse.ArgumentParser):

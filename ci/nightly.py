@@ -194,9 +194,11 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--arch", default=None, help="default: this machine's GPU arch (sm90, ...); 'cpu' for the CPU tier")
     p.add_argument("--profile", default=settings.HYPOTHESIS_PROFILE.raw() or "nightly")  # pytest checks it
-    p.add_argument("--examples", type=int, default=None, help="cap the hypothesis examples (MOE_HYPOTHESIS_EXAMPLES)")
+    p.add_argument(
+        "--examples", type=cli.positive(int), default=None, help="cap the hypothesis examples (MOE_HYPOTHESIS_EXAMPLES)"
+    )
     p.add_argument("--no-latency", action="store_true")
-    p.add_argument("--phase-timeout", type=float, default=6 * 3600)
+    p.add_argument("--phase-timeout", type=cli.positive(float), default=6 * 3600, help="seconds a phase may take")
     p.add_argument(
         "--baseline",
         type=Path,

@@ -119,6 +119,7 @@ def parse(argv) -> tuple[Subject, Scenario, list[str], int]:
             0: "every check passes (not reproduced)",
             1: "a check failed (reproduced)",
             cli.INPUT: "unusable input: the scenario, implementation or checks (one line says which)",
+            cli.INCOMPLETE: "no verdict: the implementation needs a GPU (or as many as the EP size) this host lacks",
         },
     )
     p.add_argument("--impl", required=True, help="registered name or pkg.module:factory (python -m ci.backends)")
@@ -140,6 +141,15 @@ def parse(argv) -> tuple[Subject, Scenario, list[str], int]:
             f"--impl {a.impl} does not run at ep_size {scenario.ep_size}; it supports "
             f"{implementation.contract.ep_sizes}"
         )
+    from fixtures import arch
+    from fixtures.core.selection import ep_skip_reason
+
+    tag = implementation.contract.arch
+    missing = (arch.skip_reason(tag) if tag in arch.ARCH_MARKERS else None) or ep_skip_reason(
+        a.impl, implementation.contract, scenario.ep_size
+    )
+    if missing:  # a run here would fail for want of the GPU, which would read as the fault reproduced
+        raise cli.Incomplete(f"--impl {a.impl} {missing.removeprefix(a.impl).strip()}: run it on a host that has it")
     return Subject(a.impl, implementation, scenario.ep_size), scenario, names, a.seed
 
 

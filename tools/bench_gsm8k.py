@@ -29,7 +29,7 @@ def main(argv=None) -> int:
         },
     )
     p.add_argument("--recipe", default="vllm", choices=sorted(prompts.RECIPES))
-    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--concurrency", type=cli.positive(int), default=64)
     p.add_argument("--fault-rate", type=float, default=0.0)
     p.add_argument("--data", default=None)
     a = p.parse_args(argv)

@@ -210,7 +210,7 @@ def main(argv=None) -> int:
     p.add_argument("--impl", action="append", help="default: torch and every SM90 backend that can run here")
     p.add_argument("--geometry", default="deepseek-v3-like,glm-flash-like")
     p.add_argument("--tokens", default="8,64,512,1024,8192")
-    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--repeats", type=cli.positive(int), default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", default=None)

@@ -35,12 +35,12 @@ def main(argv=None) -> int:
         description=__doc__.splitlines()[1],
         codes={cli.INPUT: "a bad argument, or --recipes names an unknown recipe"},
     )
-    p.add_argument("--tokens", type=int, default=4096)
-    p.add_argument("--experts", type=int, default=64)
-    p.add_argument("--top-k", type=int, default=8)
-    p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--inter", type=int, default=1024)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--tokens", type=cli.positive(int), default=4096)
+    p.add_argument("--experts", type=cli.positive(int), default=64)
+    p.add_argument("--top-k", type=cli.positive(int), default=8)
+    p.add_argument("--hidden", type=cli.positive(int), default=2048)
+    p.add_argument("--inter", type=cli.positive(int), default=1024)
+    p.add_argument("--repeats", type=cli.positive(int), default=3)
     p.add_argument("--recipes", default="bf16_weights,sm90_pull_fp8_blockwise")
     p.add_argument("--json", default=None, help="write the results here too")
     a = p.parse_args(argv)

@@ -75,9 +75,9 @@ def main(argv=None) -> int:
         },
     )
     p.add_argument("--impl", required=True)
-    p.add_argument("--ep", type=int, default=1)
-    p.add_argument("--batches", type=int, default=30)
-    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--ep", type=cli.positive(int), default=1)
+    p.add_argument("--batches", type=cli.positive(int), default=30)
+    p.add_argument("--tokens", type=cli.positive(int), default=64)
     p.add_argument("--json", default=None)
     p.add_argument("--models", type=int, default=8, help="max experts for model geometries; 0 skips them")
     a = p.parse_args(argv)

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from ci import cli, nightly
+from fixtures import arch
 from gates.gsm8k.server import Server, ServerError, ServerSpec
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
@@ -104,6 +105,9 @@ ROWS = [
     ("upgrade-check-no-such-environment", "ci.upgrade_check 0.7.4 {tmp}/nowhere", IN, "not a version, and no such"),
     ("nightly-unknown-arch", NIGHT + " --arch sm91", IN, "--arch sm91: expected one of sm90, sm100"),
     ("nightly-that-runs-no-test", NO_TEST, cli.NOTHING_TESTED, "RED: no test ran"),
+    ("nightly-zero-examples", NIGHT + " --examples 0", IN, "--examples: '0': expected a number > 0"),
+    ("nightly-phase-timeout-nan", NIGHT + " --phase-timeout nan", IN, "--phase-timeout: 'nan': expected a number > 0"),
+    ("calibrate-zero-tokens", "tools.calibrate --tokens 0", IN, "--tokens: '0': expected a number > 0"),
     ("report-missing-folder", "ci.report {tmp}/gone", IN, "does not exist"),
     ("report-empty-folder", "ci.report {tmp}/empty", IN, "holds no results"),
     ("report-malformed-record", "ci.report {tmp}/r", IN, "is malformed"),
@@ -286,6 +290,15 @@ def test_help_lists_each_code_it_returns_with_the_tables_meaning(module):
     assert not unlisted, f"{module} can return {sorted(unlisted)}, which its --help does not list: {sorted(codes)}"
     if module == "ci.backends":  # the names --impl takes beyond the listed ones
         assert "all " in out and "pkg.module:factory" in out, out
+
+
+@pytest.mark.skipif(bool(arch.gpu_count("sm90")), reason="an SM90 GPU is here: the reproduction would run")
+def test_a_reproduction_of_a_gpu_backend_without_its_gpu_is_no_verdict():
+    """Exit 6 (no verdict) and one line, not a check's failure for want of CUDA, which read as the fault reproduced."""
+    scenario = _scenario()
+    code, out, err = call("ci.repro", ["--impl", "sm90_fp8_fp8_bf16_push_cuda", "--scenario", scenario])
+    said = [line for line in err.splitlines() if line.strip()]
+    assert code == cli.INCOMPLETE and len(said) == 1 and "needs an SM90 GPU" in said[0], (code, out[-500:], err[-2000:])
 
 
 def test_an_invalid_setting_a_command_reads_is_exit_4_and_one_line(monkeypatch, tmp_path):
