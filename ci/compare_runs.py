@@ -324,10 +324,10 @@ def main(argv=None) -> int:
         runs.summaries([old])
         runs.summaries([new])
         code, lines = compare(old, new)
+    if code == cli.INPUT:  # unusable input: its one line on stderr, as every command's
+        raise cli.InputError(next((line for line in lines if line.startswith("incomparable")), "incomparable"))
     print("\n".join(lines))
-    print(
-        {cli.OK: "verdict: no regression", cli.VERDICT: "verdict: REGRESSION", cli.INPUT: "verdict: incomparable"}[code]
-    )
+    print({cli.OK: "verdict: no regression", cli.VERDICT: "verdict: REGRESSION"}[code])
     return code
 
 

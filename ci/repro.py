@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 
 import jsonschema
@@ -20,7 +21,16 @@ from ci import cli
 from fixtures.core.checks import CHECKS, ConformanceFailure, triage
 from fixtures.scheduling.scheduler import close_all
 from fixtures.core.implementation import load
-from fixtures.core.problem import EXACT_PATTERN, PATTERNS, BatchCase, LayerCase, Scenario, make_batch
+from fixtures.core.problem import (
+    EXACT,
+    EXACT_PATTERN,
+    PATTERNS,
+    WEIGHT_PATTERNS,
+    BatchCase,
+    LayerCase,
+    Scenario,
+    make_batch,
+)
 from fixtures.core.runner import Subject
 from reference.routing import METHOD_TABLE
 
@@ -85,6 +95,20 @@ def scenario_from_line(text: str) -> Scenario:
                 make_batch(layer, batch, ep)
             except (ValueError, RuntimeError) as err:
                 why = f"batch {i} cannot be made: {err}"
+    numbers = [(f"layer {k}", v) for k, v in dataclasses.asdict(layer).items() if isinstance(v, float)]
+    numbers += [
+        (f"batch {i} {k}", v)
+        for i, batch in enumerate(scenario.batches)
+        for k, v in dataclasses.asdict(batch).items()
+        if isinstance(v, float)
+    ]
+    why = why or next(
+        (f"{name} is {value} (not a finite number)" for name, value in numbers if not math.isfinite(value)), None
+    )
+    why = why or (layer.clamp_limit is not None and layer.clamp_limit <= 0 and f"clamp_limit {layer.clamp_limit} <= 0")
+    kind = layer.weight_kind
+    if not why and kind not in ("randn", "grid", *WEIGHT_PATTERNS) and not kind.startswith(EXACT):
+        why = f"weight_kind {kind!r} is none of randn, grid, exact:<recipe>, {', '.join(WEIGHT_PATTERNS)}"
     if why:
         raise cli.InputError(f"--scenario is not a valid scenario: {why}")
     return scenario

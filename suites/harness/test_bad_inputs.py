@@ -33,8 +33,10 @@ GATE = "model: toy\nrecipe: vllm\n"
 NOBODY = "http://127.0.0.1:9"  # the discard port: nothing listens there
 
 
-def _scenario(**batch) -> str:
-    return json.dumps({"layer": LAYER, "ep_size": 1, "batches": [{"tokens": [4], **batch}]}, separators=(",", ":"))
+def _scenario(layer: dict | None = None, **batch) -> str:
+    """A one-batch scenario's JSON: ``layer`` overrides LAYER's fields, ``batch`` the batch's."""
+    body = {"layer": {**LAYER, **(layer or {})}, "ep_size": 1, "batches": [{"tokens": [4], **batch}]}
+    return json.dumps(body, separators=(",", ":"))
 
 
 def _servers(base: str, cand: str = f"{{name: c, url: '{NOBODY}'}}") -> str:
@@ -82,6 +84,7 @@ ROWS = [
     ("compare-missing-folder", "ci.compare_runs {tmp}/nowhere {tmp}", IN, "incomparable"),
     ("compare-malformed-record", "ci.compare_runs {tmp}/a {tmp}/a", IN, "a/cases-main.jsonl line 1 is malformed"),
     ("compare-no-arguments", "ci.compare_runs", IN, "give OLD and NEW"),
+    ("compare-no-records", "ci.compare_runs {tmp}/a {tmp}/a", IN, "incomparable: no per-case records or failures in"),
     ("gate-missing-config", "ci.gsm8k_gate {tmp}/none.yaml", IN, "cannot read the config"),
     ("gate-malformed-config", GATE_YAML, IN, "not valid YAML"),
     ("gate-incomplete-config", GATE_YAML, IN, "'baseline' is a required property; required: model, recipe, baseline"),
@@ -93,6 +96,9 @@ ROWS = [
     ("gate-server-refuses-requests", GATE_OUT, INC, "refused a completion request: HTTP 404"),
     ("repro-malformed-json", REPRO + '{"batches":[', IN, "--scenario is not JSON"),
     ("repro-negative-tokens", REPRO + _scenario(tokens=[-5]), IN, "tokens/0: -5 is less than the minimum of 0"),
+    ("repro-nan-input-scale", REPRO + _scenario(input_scale=float("nan")), IN, "input_scale is nan (not a finite"),
+    ("repro-negative-clamp", REPRO + _scenario({"clamp_limit": -1.0}), IN, "clamp_limit -1.0 <= 0"),
+    ("repro-unknown-weight-kind", REPRO + _scenario({"weight_kind": "nope"}), IN, "weight_kind 'nope' is none of"),
     (
         "repro-unknown-implementation",
         REPRO.replace("reference-ep", "nonexistent") + _scenario(),
@@ -122,6 +128,7 @@ ROWS = [
 ]
 FILES = {  # what a row writes under the test's folder first
     "compare-malformed-record": {"a/cases-main.jsonl": '{"impl": \n'},
+    "compare-no-records": {"a/env.json": "{}"},
     "gate-malformed-config": {"g.yaml": "model: [\n"},
     "gate-incomplete-config": {"g.yaml": GATE},
     "gate-misspelt-key": {"g.yaml": ONE_URL + "client: {concurency: 4}\n"},
