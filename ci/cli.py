@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import functools
 import importlib
 import io
@@ -75,6 +76,24 @@ def positive(kind: type) -> Callable[[str], float]:
 
     parse.__name__ = f"positive {kind.__name__}"
     return parse
+
+
+def make_folder(path, option: str):
+    """``path`` made (with its parents) and writable, else an InputError naming ``option``: a file there, a folder
+    that cannot be made or written."""
+    from pathlib import Path
+
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-probe-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        raise InputError(
+            f"{option} {path}: cannot make or write a folder there ({err.strerror or err}); give a folder this user can write"
+        ) from None
+    return path
 
 
 class Parser(argparse.ArgumentParser):

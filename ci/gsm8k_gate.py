@@ -11,7 +11,6 @@ reached or refused, questions were left unanswered: rerun the same command to re
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import httpx
 
@@ -39,8 +38,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     try:
         cfg = GateConfig.load(a.config)
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
+        out = cli.make_folder(a.out, "--out")
         verdict = run_gate(cfg, out)
     except (ConfigError, DatasetError, StoreError) as err:
         raise cli.InputError(str(err)) from None

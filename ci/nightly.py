@@ -229,8 +229,7 @@ def main(argv=None) -> int:
         )
         return cli.INPUT
     devices = gpus(arch)
-    out = a.out or ROOT / "results" / f"nightly-{datetime.date.today().isoformat()}"
-    out.mkdir(parents=True, exist_ok=True)
+    out = cli.make_folder(a.out or ROOT / "results" / f"nightly-{datetime.date.today().isoformat()}", "--out")
     env_info = environment(devices)
     env_info.update(arch=arch, profile=a.profile, examples=a.examples, phases={})
     try:

@@ -153,8 +153,7 @@ def markdown(
 def write(folder: Path, baseline: Path | None = None, comparison=None, out: Path | None = None) -> tuple[Path, Path]:
     """report.md, report.html and plots/ in ``out`` (default ``folder``); with ``baseline``, against that previous
     run (``comparison``: its report_baseline.compare, if made already)."""
-    out = folder if out is None else out
-    out.mkdir(parents=True, exist_ok=True)
+    out = cli.make_folder(folder if out is None else out, "--out")
     if baseline and comparison is None:
         comparison = report_baseline.compare(baseline, folder)
     cases = list(case_records(folder))  # read once for the plots and the tables

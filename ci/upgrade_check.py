@@ -177,7 +177,7 @@ def main(argv=None) -> int:
     a, extra = p.parse_args(argv[:cut]), argv[cut + 1 :]
     check_spec(a.old, "OLD")
     check_spec(a.new, "NEW")
-    a.workdir.mkdir(parents=True, exist_ok=True)
+    cli.make_folder(a.workdir, "--workdir")
     sides = {name: environment(spec, a.workdir) for name, spec in (("old", a.old), ("new", a.new))}
     snaps = {name: snapshot(side) for name, side in sides.items()}
     lines = api_diff.diff(snaps["old"], snaps["new"])

@@ -117,6 +117,8 @@ ROWS = [
     ("report-missing-folder", "ci.report {tmp}/gone", IN, "does not exist"),
     ("report-empty-folder", "ci.report {tmp}/empty", IN, "holds no results"),
     ("report-malformed-record", "ci.report {tmp}/r", IN, "is malformed"),
+    ("report-out-is-a-file", "ci.report {tmp}/r --out {tmp}/f", IN, "/f: cannot make or write a folder there"),
+    ("gate-out-is-a-file", GATE_YAML + " --out {tmp}/f", IN, "/f: cannot make or write a folder there"),
     ("report-record-not-an-object", "ci.report {tmp}/r", IN, "failures-main.jsonl line 1 is malformed (not a JSON"),
     ("report-folder-named-like-a-record", "ci.report {tmp}/r", IN, "cases-main.jsonl is a folder, named like a"),
     ("compare-record-without-its-fields", "ci.compare_runs {tmp}/a {tmp}/a", IN, "lacks a per-case record's impl"),
@@ -140,6 +142,8 @@ FILES = {  # what a row writes under the test's folder first
     "report-empty-folder": {"empty/": ""},  # a name ending in "/": a folder
     "report-malformed-record": {"r/cases-main.jsonl": "{not json\n"},
     "report-record-not-an-object": {"r/failures-main.jsonl": "[1, 2]\n"},
+    "report-out-is-a-file": {"r/env.json": "{}", "f": "a file"},
+    "gate-out-is-a-file": {"g.yaml": ONE_URL, "f": "a file"},
     "report-folder-named-like-a-record": {"r/cases-main.jsonl/": "", "r/env.json": "{}"},
     "compare-record-without-its-fields": {"a/cases-main.jsonl": "{}\n"},
     "time-budget-empty-folder": {"run/": ""},
