@@ -48,7 +48,11 @@ def classify(test_name: str, names: list[str]) -> tuple[str, str]:
 
 
 def read(path: Path) -> ET.Element:
-    return ET.fromstring(results.text(path))
+    """A JUnit file's root (``testsuites`` or ``testsuite``); an ET.ParseError for any other XML."""
+    root = ET.fromstring(results.text(path))
+    if root.tag not in ("testsuites", "testsuite"):
+        raise ET.ParseError(f"{path}: its root is <{root.tag}>, not JUnit's <testsuites> or <testsuite>")
+    return root
 
 
 def matrix(path: Path, names: list[str] | None = None) -> dict[tuple[str, str], Counter]:
@@ -94,7 +98,7 @@ def main(argv=None) -> int:
         p.error("give one JUnit file, or two to compare")
     try:
         cells = [matrix(path) for path in a.junit]
-    except (OSError, ET.ParseError) as err:
+    except (OSError, UnicodeDecodeError, ET.ParseError) as err:
         raise cli.InputError(f"cannot read a JUnit file: {err}; give JUnit XML files (pytest --junitxml)") from None
     for path, cell in zip(a.junit, cells):
         print(f"== {path}\n{render(cell)}")

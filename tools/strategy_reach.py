@@ -10,10 +10,13 @@ chance p that one example does, and so 1 - (1 - p)^10, the chance that a test's 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+
+from ci import cli
 
 CI_EXAMPLES = 10
 ESTIMATE_EXAMPLES = 300
@@ -162,5 +165,13 @@ def markdown() -> str:
     return "\n".join(out)
 
 
-if __name__ == "__main__":
+@cli.command("tools.strategy_reach")
+def main(argv=None) -> int:
+    p = cli.Parser("tools.strategy_reach", description=__doc__.splitlines()[0], codes={})
+    p.parse_args(argv)
     print(markdown())
+    return cli.OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
