@@ -33,7 +33,10 @@ def _run(folder: Path, impl: str, seed: int, profile: str = "dev") -> Path:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MOE_HYPOTHESIS_PROFILE": profile, "MOE_HYPOTHESIS_EXAMPLES": "6"}
     args = f"-q -p no:cacheprovider --impl {impl} --ep 1 --hypothesis-seed={seed} --results-dir {folder}".split()
     test = ["suites/conformance/test_generic.py", "-k", "test_matches_reference"]
-    subprocess.run([sys.executable, "-m", "pytest", *args, *test], cwd=ROOT, env=env, capture_output=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", *args, *test], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+    (folder / "pytest-output.txt").write_text(done.stdout)  # what the user saw (read by the report test below)
     return folder
 
 
@@ -42,7 +45,8 @@ def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("runs")
     # the faulty run without shrinking: its first failure record is all compare_runs reads (shrinking: ~70 s)
     faulty = _run(base / "faulty", f"faulty:scale_1e-2@{SPEC}", 1, profile="no-shrink")
-    for f in faulty.rglob("*.jsonl"):  # the clean implementation's name, as a regressed build would have
+    renamed = [*faulty.rglob("*.jsonl"), *faulty.rglob("*.xml"), faulty / "pytest-output.txt"]
+    for f in renamed:  # the clean implementation's name, as a regressed build would have
         f.write_text(f.read_text().replace(f"faulty:scale_1e-2@{SPEC}", SPEC))
     return {"clean": _run(base / "clean", SPEC, 1), "clean2": _run(base / "clean2", SPEC, 2), "faulty": faulty}
 
@@ -55,6 +59,20 @@ def runs(tmp_path_factory):
 def test_a_planted_fault_is_a_regression_and_two_clean_runs_with_other_seeds_are_not(runs, capsys, new, code, said):
     verdict, out = compare_runs.main([str(runs["clean"]), str(runs[new])]), capsys.readouterr().out
     assert verdict == code and said in out and (code == 1 or "REGRESSION" not in out), out
+
+
+def test_the_faulty_runs_failure_reads_as_its_message_with_one_reproduction(runs):
+    """pytest's report of a check's failure (under the default --tb) is its message: the verdict, the scenario and one
+    reproduction line, no traceback (which showed fail()'s source, a reproduction template of its own, and
+    hypothesis's replayed examples, each with another); its record carries the same reproduction, the scenario and
+    the seed as fields. Read from the faulty run this module makes anyway (a run of its own cost 10 s)."""
+    out = (runs["faulty"] / "pytest-output.txt").read_text()
+    assert "[systematic] " in out and " FAILURES " in out, out[-3000:]
+    report_text = out.split(" FAILURES ", 1)[1].split(" short test summary info ", 1)[0]
+    assert report_text.count("reproduce: ") == 1 and "Traceback" not in report_text, report_text[-3000:]
+    (record,) = results.records(runs["faulty"], "failures")
+    assert f"reproduce: {record['reproduce']}" in report_text and json.loads(record["scenario"])["batches"], record
+    assert "seed" in record, record
 
 
 def test_folders_without_records_are_incomparable(runs, tmp_path):

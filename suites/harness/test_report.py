@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,7 +23,7 @@ from ci.report_html import to_html
 from fixtures.core.checks import ConformanceFailure, check_oracle
 from fixtures.core.implementation import load
 from fixtures.core.problem import BatchCase, LayerCase, Scenario
-from fixtures.core.results import CaseRecord, records
+from fixtures.core.results import CaseRecord
 from fixtures.core.runner import Subject
 from reference.evidence import RAW_FLASHINFER_074_CALIBRATION, RAW_NIGHTLY_GREEN
 from tools import bench_cases, bench_latency
@@ -249,25 +248,6 @@ def test_printed_reproduction_runs_with_a_bare_path_and_fails_again():
     done = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     out = done.stdout + done.stderr
     assert done.returncode == 1 and "FAIL oracle: [oracle] faulty:rank_zeroed" in out, f"{command}\n{out[-2000:]}"
-
-
-def test_pytest_reports_a_checks_failure_as_its_message_with_one_reproduction(tmp_path):
-    """Under pytest's default --tb the report of a failing check is its message: the verdict, the scenario and one
-    reproduction line, no traceback (which showed fail()'s source, with a reproduction template of its own, and
-    hypothesis's replayed examples, each with another)."""
-    argv = [sys.executable, "-m", "pytest", "suites/conformance/test_generic.py", "--impl", "faulty:rank_zeroed"]
-    argv += ["--ep", "1", "-k", "test_matches_reference", "-p", "no:cacheprovider", "--results-dir", str(tmp_path)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "MOE_CONFORMANCE_"))}
-    env.update(MOE_WORKERS="0", MOE_HYPOTHESIS_PROFILE="no-shrink")  # its first failing example, reported at once
-    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    out = done.stdout
-    assert done.returncode == 1 and "[oracle] faulty:rank_zeroed at EP1" in out, out[-3000:] + done.stderr[-2000:]
-    report_text = out.split(" FAILURES ", 1)[1].split(" short test summary info ", 1)[0]
-    assert report_text.count("reproduce: ") == 1 and "Traceback" not in report_text, report_text[-3000:]
-    # its record carries the same reproduction, and the scenario and seed, as fields of their own
-    (record,) = [r for r in records(tmp_path, "failures") if r["test"].endswith("[faulty:rank_zeroed-EP1]")]
-    assert f"reproduce: {record['reproduce']}" in report_text and json.loads(record["scenario"])["batches"], record
-    assert "seed" in record, record
 
 
 @pytest.mark.parametrize(
