@@ -34,13 +34,13 @@ INVALID = dict(
 )
 # Values at the edges that were taken and then broke a run: an overflow in torch.distributed or in a C long, an EP
 # size no pool runs (every model test skipped), a shard count that hung the split, a data folder that is a file.
-EDGES = [
-    ("MOE_COLLECTIVE_TIMEOUT", "1e10"),
-    ("MOE_HOST_THREADS", "3000000000"),
-    ("MOE_MODEL_EP", "3"),
-    ("MOE_SHARD", "1/1000000000"),
-    ("MOE_GSM8K_DIR", str(Path(__file__))),
-]
+EDGES = {
+    "MOE_COLLECTIVE_TIMEOUT-1e10": ("MOE_COLLECTIVE_TIMEOUT", "1e10"),
+    "MOE_HOST_THREADS-past-a-C-long": ("MOE_HOST_THREADS", "3000000000"),
+    "MOE_MODEL_EP-3": ("MOE_MODEL_EP", "3"),
+    "MOE_SHARD-1/1e9": ("MOE_SHARD", "1/1000000000"),
+    "MOE_GSM8K_DIR-a-file": ("MOE_GSM8K_DIR", str(Path(__file__))),
+}
 FREE_TEXT = set(
     """MOE_CONFORMANCE_IMPL MOE_RESULTS_DIR MOE_GSM8K_CACHE MOE_PYTHON MOE_VENV MOE_JIT_CACHE MOE_JIT_AOT
     MOE_OTHER_FLASHINFER""".split()
@@ -53,7 +53,7 @@ def test_every_declared_variable_has_an_invalid_value_here_or_takes_any_text():
         assert settings.DECLARED[name].get({name: "any text"}) == "any text", name
 
 
-@pytest.mark.parametrize("name, bad", [*sorted(INVALID.items()), *EDGES])
+@pytest.mark.parametrize("name, bad", [*sorted(INVALID.items()), *EDGES.values()], ids=[*sorted(INVALID), *EDGES])
 def test_an_invalid_value_is_one_line_naming_the_variable(name, bad):
     with pytest.raises(settings.SettingError) as err:
         settings.validate({name: bad})
