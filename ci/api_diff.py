@@ -114,6 +114,11 @@ def read_snapshot(path: str) -> dict:
     missing = [k for k in SECTIONS if k not in snap] if isinstance(snap, dict) else list(SECTIONS)
     if missing:
         raise cli.InputError(f"{path} is not an API snapshot (no {', '.join(missing)}); {accepted}")
+    shapeless = [k for k in SECTIONS[1:] if not isinstance(snap[k], (list, dict))]
+    if shapeless:
+        raise cli.InputError(
+            f"{path} is not an API snapshot ({', '.join(shapeless)}: not a list or mapping); {accepted}"
+        )
     return snap
 
 

@@ -40,8 +40,10 @@ SM90_SEPARATE_POOLS = _DEC05 + "sm90-separate-pools.md"  # -m sm90 in 695 s, the
 CPU_TIER_SAME_DAY = _DEC05 + "cpu-tier-same-day.md"  # the fresh-clone CPU tier, same day: 610 s, then 551 s
 HARNESS_TRIM = _DEC05 + "harness-tests-merged-and-dropped.md"  # every harness test id merged, renamed or dropped
 SM90_LAYOUT_FORECAST = _DEC05 + "sm90-layout-by-ep-size-forecast.md"  # workers by EP size: a forecast, not a run
+BAD_INPUTS_AND_FAILURE_REPORTS = _DEC05 + "bad-inputs-and-failure-reports.md"  # users' reads: bad inputs, reports
 
 LOGS = (
+    BAD_INPUTS_AND_FAILURE_REPORTS,
     SM90_LAYOUT_FORECAST,
     CPU_TIER_SAME_DAY,
     SM90_SEPARATE_POOLS,

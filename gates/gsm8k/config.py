@@ -91,6 +91,9 @@ def _describe(error, path) -> str:
     return f"{path}: {where}: {error.message}{accepted}"
 
 
+EXAMPLE = "configs/gsm8k/qwen3-30b-a3b-vllm-megamoe.yaml"
+
+
 def read(path) -> dict:
     """The config at ``path`` as a dict that matches SCHEMA, or a ConfigError."""
     path = Path(path)
@@ -98,9 +101,10 @@ def read(path) -> dict:
         raw = yaml.safe_load(path.read_text())
     except OSError as err:
         raise ConfigError(
-            f"cannot read the config {path} ({err.strerror}); give a YAML file such as "
-            "configs/gsm8k/qwen3-30b-a3b-vllm-megamoe.yaml"
+            f"cannot read the config {path} ({err.strerror}); give a YAML file such as {EXAMPLE}"
         ) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not text (not UTF-8); give a YAML file such as {EXAMPLE}") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ci import cli, nightly
+from ci import api_diff, cli, nightly
 from fixtures import arch
 from gates.gsm8k.server import Server, ServerError, ServerSpec
 
@@ -108,6 +108,7 @@ ROWS = [
     ("routing-repro-malformed-json", "ci.repro_routing {", IN, "the case is not JSON"),
     ("backends-unknown-arch", "ci.backends sm91", IN, "unknown arch sm91; known arches: sm90, sm100"),
     ("api-diff-not-a-snapshot", "ci.api_diff {tmp}/a.json {tmp}/a.json", IN, "is not an API snapshot"),
+    ("api-diff-null-sections", "ci.api_diff {tmp}/a.json {tmp}/a.json", IN, "mega_kernels, deprecated_kernel_aliases"),
     ("upgrade-check-no-such-environment", "ci.upgrade_check 0.7.4 {tmp}/nowhere", IN, "not a version, and no such"),
     ("nightly-unknown-arch", NIGHT + " --arch sm91", IN, "--arch sm91: expected one of sm90, sm100"),
     ("nightly-that-runs-no-test", NO_TEST, cli.NOTHING_TESTED, "RED: no test ran"),
@@ -141,6 +142,7 @@ FILES = {  # what a row writes under the test's folder first
     "gate-url-where-nothing-listens": {"g.yaml": ONE_URL},
     "gate-server-refuses-requests": {"g.yaml": _servers("{name: b, url: '{url}'}")},
     "api-diff-not-a-snapshot": {"a.json": "{}"},
+    "api-diff-null-sections": {"a.json": json.dumps(dict.fromkeys(api_diff.SECTIONS))},
     "report-empty-folder": {"empty/": ""},  # a name ending in "/": a folder
     "report-malformed-record": {"r/cases-main.jsonl": "{not json\n"},
     "report-record-not-an-object": {"r/failures-main.jsonl": "[1, 2]\n"},
@@ -174,6 +176,7 @@ def test_a_bad_input_gets_its_own_exit_code_and_one_line(name, argv, code, says,
     started = time.monotonic()
     # in this process, as the --help and bad-argument tests call them (a traceback fails the test with it): the
     # __main__ blocks hand main's code to the shell (``returned``), and a process start per row cost the CPU tier 60 s
+    # (reference.evidence.BAD_INPUTS_AND_FAILURE_REPORTS)
     returncode, stdout, stderr = call(argv[0], argv[1:])
     took = time.monotonic() - started
     said = [line for line in stderr.splitlines() if line.strip()]
@@ -332,6 +335,13 @@ def test_a_reproduction_of_a_gpu_backend_without_its_gpu_is_no_verdict():
     code, out, err = call("ci.repro", ["--impl", "sm90_fp8_fp8_bf16_push_cuda", "--scenario", scenario])
     said = [line for line in err.splitlines() if line.strip()]
     assert code == cli.INCOMPLETE and len(said) == 1 and "needs an SM90 GPU" in said[0], (code, out[-500:], err[-2000:])
+
+
+def test_a_gate_config_that_is_not_text_is_exit_4_and_one_line(tmp_path):
+    (tmp_path / "g.yaml").write_bytes(b"\xff\xfe model: x\n")
+    code, out, err = call("ci.gsm8k_gate", [str(tmp_path / "g.yaml"), "--out", str(tmp_path / "out")])
+    said = [line for line in err.splitlines() if line.strip()]
+    assert code == cli.INPUT and len(said) == 1 and "g.yaml is not text (not UTF-8)" in said[0], (code, err[-2000:])
 
 
 def test_an_invalid_setting_a_command_reads_is_exit_4_and_one_line(monkeypatch, tmp_path):
