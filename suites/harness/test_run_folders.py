@@ -241,11 +241,14 @@ def test_the_split_is_a_balanced_greedy_over_sorted_keys():
     [
         (["--shard", "3/2"], {}, "--shard '3/2': expected K/N, integers with 1 <= K <= N"),
         ([], {"MOE_SHARD": "3/2"}, "MOE_SHARD='3/2': expected K/N, integers with 1 <= K <= N"),
+        (["--results-dir", "/dev/null"], {}, "--results-dir '/dev/null': cannot hold a run folder (File exists)"),
+        ([], {"MOE_RESULTS_DIR": "/dev/null"}, "MOE_RESULTS_DIR '/dev/null': cannot hold a run folder"),
     ],
-    ids=["k-above-n", "env"],
+    ids=["k-above-n", "env", "results-dir-a-file", "results-dir-variable-a-file"],
 )
-def test_a_bad_shard_is_one_usage_error_line(args, env, said):
-    """A pytest process given a bad split, by the option or the environment, ends with one usage-error line."""
+def test_a_bad_shard_or_results_folder_is_one_usage_error_line(args, env, said):
+    """A pytest process given a bad split or a results folder that cannot hold a run folder, by the option or the
+    environment, ends with one usage-error line (the folder: pytest's INTERNALERROR before)."""
     done = _collect("suites/harness/test_settings.py", *args, env=env)
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     assert done.returncode == pytest.ExitCode.USAGE_ERROR and len(lines) == 1 and said in lines[0], lines

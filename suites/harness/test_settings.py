@@ -7,7 +7,6 @@ import ast
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -87,23 +86,6 @@ def test_an_invalid_value_stops_ci_test_sh_with_one_line():
     lines = [line for line in lines if line not in setup]
     assert done.returncode != 0 and "Traceback" not in done.stdout + done.stderr, (done.returncode, lines)
     assert len(lines) == 1 and "MOE_CASE_TIMEOUT" in lines[0], lines
-
-
-@pytest.mark.parametrize(
-    "args, env, starts",
-    [
-        (["--results-dir", "/dev/null"], {}, "ERROR: --results-dir '/dev/null': cannot hold a run folder"),
-        ([], {"MOE_RESULTS_DIR": "/dev/null"}, "ERROR: MOE_RESULTS_DIR '/dev/null': cannot hold a run folder"),
-    ],
-    ids=["option", "variable"],
-)
-def test_a_results_folder_that_cannot_be_made_is_one_usage_line(args, env, starts):
-    argv = [sys.executable, "-m", "pytest", "suites/harness/test_settings.py", "--co", "-q", "-p", "no:cacheprovider"]
-    done = subprocess.run(
-        [*argv, *args], cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=300
-    )
-    said = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
-    assert done.returncode == 4 and len(said) == 1 and said[0].startswith(starts), (done.returncode, said[-5:])
 
 
 @pytest.mark.parametrize(
