@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
-import os
 import functools
 import importlib
 import io
+import math
+import os
 import re
 import sys
+from pathlib import Path
 from typing import Callable
 
 OK, VERDICT, INTERRUPTED, INTERNAL, INPUT, NOTHING_TESTED, INCOMPLETE = 0, 1, 2, 3, 4, 5, 6
@@ -81,8 +82,6 @@ def positive(kind: type) -> Callable[[str], float]:
 def make_folder(path, option: str):
     """``path`` made (with its parents) and writable, else an InputError naming ``option``: a file there, a folder
     that cannot be made or written."""
-    from pathlib import Path
-
     path = Path(path)
     try:
         path.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ import sys
 import jsonschema
 
 from ci import cli
+from fixtures import arch
 from fixtures.core.checks import CHECKS, ConformanceFailure, triage
 from fixtures.scheduling.scheduler import close_all
 from fixtures.core.implementation import load
@@ -32,6 +33,7 @@ from fixtures.core.problem import (
     make_batch,
 )
 from fixtures.core.runner import Subject
+from fixtures.core.selection import ep_skip_reason
 from reference.routing import METHOD_TABLE
 
 _TYPES = {"int": "integer", "float": "number", "str": "string", "bool": "boolean"}
@@ -165,9 +167,6 @@ def parse(argv) -> tuple[Subject, Scenario, list[str], int]:
             f"--impl {a.impl} does not run at ep_size {scenario.ep_size}; it supports "
             f"{implementation.contract.ep_sizes}"
         )
-    from fixtures import arch
-    from fixtures.core.selection import ep_skip_reason
-
     tag = implementation.contract.arch
     missing = (arch.skip_reason(tag) if tag in arch.ARCH_MARKERS else None) or ep_skip_reason(
         a.impl, implementation.contract, scenario.ep_size

@@ -18,8 +18,11 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from xml.etree import ElementTree
 
 from ci import cli
+from fixtures.core import results
+from fixtures.core.results import CASE_REQUIRED
 from fixtures.plugin import run_folder
 
 MERGED_SUMMARY = "merged-summary.json"
@@ -35,10 +38,6 @@ def unreadable(folder: Path) -> str | None:
     results file that is no readable file (a folder, a dangling link, no permission), text that is not UTF-8, a JSON
     line that is no object (a per-case record without its fields), a JUnit file that is no XML, a JSON file that is
     no JSON."""
-    from xml.etree import ElementTree
-
-    from fixtures.core import results
-
     for path in sorted(folder.rglob("*")):
         name = path.name.removesuffix(".gz")
         if not name.endswith(RESULT_SUFFIXES):
@@ -62,8 +61,6 @@ def unreadable(folder: Path) -> str | None:
 
 
 def _record_problem(line: str, name: str) -> str | None:
-    from fixtures.core.results import CASE_REQUIRED
-
     try:
         record = json.loads(line)
     except ValueError as err:
