@@ -22,6 +22,7 @@ from types import SimpleNamespace
 import pytest
 
 from ci import cli, compare_runs, report, report_outcomes
+from fixtures import settings
 from fixtures.plugin import run_folder, shard
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
@@ -182,6 +183,18 @@ def test_ci_test_sh_accepts_an_existing_results_folder_outside_the_checkout(tmp_
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "test_ranks_run_below_the_pytest_process_priority" in done.stdout
+
+
+def test_a_run_a_test_starts_leaves_the_checkouts_results_alone():
+    """After ``bash ci/test.sh``, ``results/latest.txt`` names that run: the runs its tests start write elsewhere."""
+    checkout = ROOT / "results"
+    before = sorted(checkout.iterdir()) if checkout.is_dir() else []
+    done = _collect("suites/harness/test_settings.py", "-k", "test_a_bad_option_is_one_usage_error")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    after = sorted(checkout.iterdir()) if checkout.is_dir() else []
+    assert after == before, f"a run started by a test wrote into {checkout}: {sorted(set(after) - set(before))}"
+    started = Path(os.environ[settings.RESULTS_DIR.name])
+    assert run_folder.latest(started) is not None, f"the started run left no run folder in {started}"
 
 
 # ---------------------------------------------------------------- --shard K/N (fixtures.plugin.shard)

@@ -32,7 +32,7 @@ def _torchrun_pytest(args: list[str], out: Path, **env_extra: str) -> subprocess
         PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'suites' / 'harness'}", MOE_WORKERS="0", TORCHRUN_PROBE_DIR=str(out)
     )
     launcher = "-m torch.distributed.run --standalone --nproc_per_node=2 --tee 3 -m pytest -q -rA -p no:cacheprovider"
-    cmd = [sys.executable, *launcher.split(), "--ep", "2", *args]
+    cmd = [sys.executable, *launcher.split(), "--ep", "2", "--results-dir", str(out / "results"), *args]
     env.update(env_extra)
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
@@ -46,8 +46,7 @@ def _rank_lines(result: subprocess.CompletedProcess, rank: int) -> str:
 def launch(tmp_path_factory):
     out = tmp_path_factory.mktemp("torchrun")
     impls = ["--impl", "reference-ep", "--impl", "faulty:rank_zeroed", "--impl", SCALED]
-    results_dir = ["--results-dir", str(out / "results"), "--junitxml", str(out / "results" / "junit.xml")]
-    result = _torchrun_pytest([PROBE, INVARIANCE, *impls, *results_dir], out)
+    result = _torchrun_pytest([PROBE, INVARIANCE, *impls, "--junitxml", str(out / "results" / "junit.xml")], out)
     return result, out
 
 
