@@ -11,7 +11,7 @@ _DEC01 = "evidence/2026-12-01-"  # links into the logs of the README command, 0.
 _DEC02 = "evidence/2026-12-02-"  # links into the logs of the nightly, the megamoe and exact cases
 _DEC03 = "evidence/2026-12-03-"  # links into the logs of the exact cases on built kernels and xdist on one GPU
 _DEC04 = "evidence/2026-12-04-"  # links into the logs of the CuTe DSL compiles, pool warm-ups and GPU-host workers
-_DEC05 = "evidence/2026-12-05-"  # links into the log of the plain pytest command and the declared ranges
+_DEC05 = "evidence/2026-12-05-"  # links into the logs of the layered tree, the -m sm90 layouts and an H100's memory
 
 H200_072 = _NOV29 + "h200-sm90.md"  # 0.7.2.post1's three SM90 kernels, EP1 to EP8; findings F1-F9
 README_COMMAND_H200 = _DEC01 + "h200-pytest-m-sm90.md"  # the README command on a fresh H200; F10
@@ -41,8 +41,10 @@ CPU_TIER_SAME_DAY = _DEC05 + "cpu-tier-same-day.md"  # the fresh-clone CPU tier,
 HARNESS_TRIM = _DEC05 + "harness-tests-merged-and-dropped.md"  # every harness test id merged, renamed or dropped
 SM90_LAYOUT_FORECAST = _DEC05 + "sm90-layout-by-ep-size-forecast.md"  # workers by EP size: a forecast, not a run
 BAD_INPUTS_AND_FAILURE_REPORTS = _DEC05 + "bad-inputs-and-failure-reports.md"  # users' reads: bad inputs, reports
+SM90_H100_ORACLE_MEMORY = _DEC05 + "sm90-h100-oracle-memory.md"  # -m sm90 on an H100: the oracle out of memory
 
 LOGS = (
+    SM90_H100_ORACLE_MEMORY,
     BAD_INPUTS_AND_FAILURE_REPORTS,
     SM90_LAYOUT_FORECAST,
     CPU_TIER_SAME_DAY,

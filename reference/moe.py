@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from reference.exact import rounded_mm
+from reference.numerics import Quant
+from reference.quant import in_matrix_chunks
 from reference.megamoe_gemm import block_scaled_mm
 from reference.recipes import Recipe
 
@@ -87,28 +89,28 @@ def prepare_weights(w13: torch.Tensor, w2: torch.Tensor, recipe: Recipe) -> Prep
         raise ValueError(f"w13 [E, 2I, H] = {tuple(w13.shape)} does not match w2 [E, H, I] = {tuple(w2.shape)}")
     if recipe.weight_input_bf16:
         w13, w2 = w13.to(torch.bfloat16), w2.to(torch.bfloat16)
-    w13, w2 = w13.float(), w2.float()
     wq = recipe.weight
     block = wq.block
     if wq.kind == "fp8" and block is None:
         # Per-tensor weights carry one scale per expert: a block spanning each expert's whole matrix.
-        q13 = _per_expert(w13, wq, recipe.w13_stripe)
-        q2 = _per_expert(w2, wq, None)
+        q13 = _rounded(w13, dataclasses.replace(wq, block=tuple(w13.shape[-2:])), recipe.w13_stripe)
+        q2 = _rounded(w2, dataclasses.replace(wq, block=tuple(w2.shape[-2:])), None)
     else:
-        q13 = _striped(w13, wq.round_trip, recipe.w13_stripe)
-        q2 = wq.round_trip(w2)
+        q13 = _rounded(w13, wq, recipe.w13_stripe)
+        q2 = _rounded(w2, wq, None)
     return PreparedWeights(q13.contiguous(), q2.contiguous(), recipe.name)
 
 
-def _striped(w13, fn, stripe):
-    if stripe is None:
-        return fn(w13)
-    return deinterleave_gate_up(fn(interleave_gate_up(w13, stripe)), stripe)
+def _rounded(w: torch.Tensor, wq: Quant, stripe: int | None) -> torch.Tensor:
+    """``w`` [E, N, K] rounded by ``wq``, a few experts at a time where each matrix is rounded alone."""
 
+    def one(chunk):
+        chunk = chunk.float()
+        if stripe is None:
+            return wq.round_trip(chunk)
+        return deinterleave_gate_up(wq.round_trip(interleave_gate_up(chunk, stripe)), stripe)
 
-def _per_expert(w, wq, stripe):
-    whole = dataclasses.replace(wq, block=tuple(w.shape[-2:]))
-    return _striped(w, whole.round_trip, stripe)
+    return in_matrix_chunks(one, w) if wq.per_matrix else one(w)
 
 
 def _clamp(gate, up, recipe: Recipe):

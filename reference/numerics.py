@@ -46,6 +46,17 @@ class Quant:
         if self.kind not in QUANT_KINDS:
             raise ValueError(f"unknown quant kind {self.kind!r}; expected one of {QUANT_KINDS}")
 
+    @property
+    def per_matrix(self) -> bool:
+        """Whether :meth:`round_trip` treats each matrix (the last two dims) alone, so that a stack of experts may be
+        rounded a few at a time (quant.in_matrix_chunks): every step but those whose scale is the whole tensor's,
+        NVFP4 with a global scale from its amax and FP8 per tensor from its amax."""
+        if self.kind == "nvfp4":
+            return self.global_scale is not None
+        if self.kind == "fp8":
+            return self.block is not None or self.per_token or self.static_scale is not None
+        return True
+
     def round_trip(self, x: torch.Tensor) -> torch.Tensor:
         """The fp32 value this rounding step delivers for ``x`` (blocks along the last dims)."""
         if self.kind == "none":

@@ -36,6 +36,28 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# Matrices per step of a per-matrix rounding: its temporaries (an fp32 copy, abs, scales, int64 codes: about 30 bytes an
+# element) stay near 1 GiB. NVFP4-packing an EP1 DeepSeek-V3 w13 (16 x 4096 x 7168) whole took about 15 GB of them
+# and filled an 80 GB GPU beside the other workers' ranks (reference.evidence.SM90_H100_ORACLE_MEMORY).
+MATRIX_CHUNK_ELEMENTS = 1 << 25
+
+
+def in_matrix_chunks(fn, x: torch.Tensor, *, max_elements: int | None = None):
+    """``fn(x)`` for an ``fn`` that treats each matrix of ``x`` [E, M, K] (the last two dims) alone, computed a few
+    matrices at a time along the first dim, at least one and at most ``max_elements`` (MATRIX_CHUNK_ELEMENTS) elements,
+    and concatenated there: the same values, with temporaries bounded by the chunk instead of the tensor. ``fn``
+    returns a tensor or a tuple of tensors, each with the first dim of its input; a 2-D ``x`` is passed whole."""
+    if x.dim() < 3 or x[0].numel() == 0:
+        return fn(x)
+    step = max(1, (MATRIX_CHUNK_ELEMENTS if max_elements is None else max_elements) // x[0].numel())
+    if step >= x.shape[0]:
+        return fn(x)
+    parts = [fn(x[i : i + step]) for i in range(0, x.shape[0], step)]
+    if isinstance(parts[0], tuple):
+        return tuple(torch.cat(column) for column in zip(*parts))
+    return torch.cat(parts)
+
+
 def _check_fmt(fmt: str) -> None:
     if fmt not in FP8_DTYPES:
         raise ValueError(f"unknown fp8 format {fmt!r}; expected one of {tuple(FP8_DTYPES)}")
@@ -284,6 +306,10 @@ def nvfp4_weight_pack(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     what the adapter hands the kernel and what :func:`nvfp4_e4m3_operand_round_trip` decodes."""
     if x.shape[-1] % NVFP4_BLOCK or x.dim() < 2:
         raise ValueError(f"NVFP4 weights need [..., M, K] with K a multiple of {NVFP4_BLOCK}, got {tuple(x.shape)}")
+    return in_matrix_chunks(_nvfp4_weight_pack, x)
+
+
+def _nvfp4_weight_pack(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     xf = x.float()
     amax = xf.abs().amax(dim=(-2, -1))
     g = torch.where(amax > 0, amax / (E2M1_MAX * FP8_MAX["e4m3"]), torch.ones_like(amax))
@@ -301,6 +327,10 @@ def nvfp4_e4m3_operand_round_trip(x: torch.Tensor) -> torch.Tensor:
     :func:`nvfp4_weight_pack`: its FP8 tensor cores see E4M3(q*s/8) (q the E2M1 value, s its E4M3 block
     scale), and its per-expert output scale is 8*G (kernels §D2.3). So each decoded q*s is rounded
     once more, to E4M3 after a division by 8, and scaled by 8*G."""
+    return in_matrix_chunks(_nvfp4_e4m3_operand_round_trip, x)
+
+
+def _nvfp4_e4m3_operand_round_trip(x: torch.Tensor) -> torch.Tensor:
     packed, block_scales, g = nvfp4_weight_pack(x)
     qs = e2m1_decode(unpack_fp4(packed)) * block_scales.float().repeat_interleave(NVFP4_BLOCK, dim=-1)
     return saturating_cast(qs / 8, torch.float8_e4m3fn, FP8_MAX["e4m3"]).float() * (8 * g)[..., None, None]

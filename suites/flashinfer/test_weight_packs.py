@@ -3,13 +3,16 @@ model: the kernel and the reference see the same codes (the pack is made by the 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from fixtures.backends.flashinfer.adapter import weight_pack
 from fixtures.backends.flashinfer.descriptors import DESCRIPTORS
+from fixtures.backends.flashinfer.megamoe_adapter import pack_weights
 from fixtures.core.problem import LayerCase, make_weights
-from reference import mx, quant
+from reference import megamoe_weights, mx, quant
 
 pytestmark = [pytest.mark.api, pytest.mark.cpu]
 PACKED = [d for d in DESCRIPTORS if d.weight_pack != "bf16"]
@@ -54,3 +57,31 @@ def test_unknown_pack_is_refused():
 
     with pytest.raises(ValueError, match="unknown weight pack"):
         weight_pack(fi, "int4", *_weights())
+
+
+# what the adapters' packs are made of, per matrix: the call each one makes for a chunk of experts
+PACK_STEPS = {
+    "mxfp4": (mx, "mx_quantize", lambda w13, w2: weight_pack(FAKE_FI, "mxfp4", w13, w2)),
+    "nvfp4": (quant, "e2m1_encode", lambda w13, w2: weight_pack(FAKE_FI, "nvfp4", w13, w2)),
+    "megamoe-mxfp4": (megamoe_weights, "mxfp4_pack", lambda w13, w2: pack_weights("mxfp4", w13, w2)),
+    "megamoe-nvfp4": (megamoe_weights, "nvfp4_pack", lambda w13, w2: pack_weights("nvfp4", w13, w2)),
+}
+FAKE_FI = SimpleNamespace(MoEWeightPack=lambda *legs: legs, Nvfp4WeightPack=lambda **legs: legs)
+
+
+@pytest.mark.parametrize("kind", sorted(PACK_STEPS))
+def test_model_size_weights_are_packed_a_few_experts_at_a_time(kind, monkeypatch):
+    """On its rank a kernel's pack is made a chunk of experts at a time (reference.quant.in_matrix_chunks): an EP1
+    DeepSeek-V3 w13 (16 x 4096 x 7168) packed whole took about 15 GB of temporaries on a GPU the other ranks share.
+    Here with chunks of one expert, for both legs of three experts."""
+    module, name, pack = PACK_STEPS[kind]
+    real, seen = getattr(module, name), []
+
+    def noted(w, *args, **kwargs):
+        seen.append(w.shape[0])
+        return real(w, *args, **kwargs)
+
+    monkeypatch.setattr(module, name, noted)
+    monkeypatch.setattr(quant, "MATRIX_CHUNK_ELEMENTS", 1)
+    pack(*make_weights(LayerCase(num_experts=3, hidden=256, intermediate=128, top_k=2, capacity=8, weight_seed=7)))
+    assert seen == [1] * 6, f"{kind}: the experts per call were {seen}"

@@ -36,10 +36,14 @@ def _case(ep: int) -> Scenario:
     return Scenario(layer, (BatchCase(tokens=(4,) * ep, seed=1),), ep)
 
 
-def test_a_rank_that_closes_a_model_layer_gives_its_cached_gpu_memory_back(monkeypatch):
-    """Evicting a large layer empties the rank's CUDA cache (a no-op without CUDA); a small one does not."""
+def test_a_rank_that_builds_or_closes_a_model_layer_gives_its_cached_gpu_memory_back(monkeypatch):
+    """Building a large layer, and evicting one, empties the rank's CUDA cache (a no-op without CUDA); a small one
+    does not. A model layer's build leaves GBs of temporaries cached in its rank (the weights' packs)."""
+    import dataclasses
+
     import torch
 
+    from fixtures.pools import rank_runner
     from fixtures.pools.rank_runner import RankRunner
     from fixtures.core.geometries import MODELS, model_layer
 
@@ -59,6 +63,14 @@ def test_a_rank_that_closes_a_model_layer_gives_its_cached_gpu_memory_back(monke
     assert emptied == [] and len(runner.layers) == 1
     runner._evict(large=True)
     assert emptied == [True] and not runner.layers
+
+    emptied.clear()
+    monkeypatch.setattr(rank_runner, "make_weights", lambda layer, experts: (None, None))  # the build is faked
+    on_cpu = dataclasses.replace(contract, device="cpu")
+    runner.impls[GPU_SPEC] = dataclasses.replace(load(GPU_SPEC), contract=on_cpu, build=lambda *args: Closed())
+    for layer, after in ((fixed_layers(contract, 1)[0], []), (large, [True])):
+        runner._layer(GPU_SPEC, Scenario(layer, (BatchCase(tokens=(1,), seed=0),), 1))
+        assert emptied == after, layer
 
 
 @pytest.fixture

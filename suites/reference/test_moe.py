@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, fields
+
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from fixtures.core.compare import relative_l2
-from reference import recipes
+from reference import megamoe, megamoe_weights, quant, recipes
+from reference.quant import in_matrix_chunks
 from reference.moe import deinterleave_gate_up, interleave_gate_up, moe_reference, moe_terms, prepare_weights
 from reference.recipes import FP32_EXACT, Quant
 from reference.textbook import textbook_for_recipe, textbook_moe
@@ -209,3 +212,73 @@ def test_shape_mismatch_is_a_clear_error():
     x, ids, w, w13, w2 = make()
     with pytest.raises(ValueError, match="does not match"):
         moe_reference(x, ids, w, w13, w2[:, :, :-1], FP32_EXACT)
+
+
+EVERY_RECIPE = {**recipes.ALL_RECIPES, **megamoe.RECIPES}
+# steps whose scale is the whole tensor's: rounding a few experts at a time would change them
+WHOLE_TENSOR_STEPS = {"nvfp4 global scale from amax": Quant("nvfp4"), "fp8 per tensor": Quant("fp8", block=None)}
+STEPS = {f"{n}: weight": r.weight for n, r in EVERY_RECIPE.items()} | WHOLE_TENSOR_STEPS
+
+
+def _experts_of_unlike_magnitude(e=4, n=64, k=256, seed=11):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(e, n, k, generator=gen) * torch.logspace(-2, 2, e)[:, None, None]
+
+
+@pytest.mark.parametrize("name", sorted(STEPS))
+def test_per_matrix_says_whether_a_step_may_round_a_few_experts_at_a_time(name):
+    """quant.in_matrix_chunks bounds the temporaries of rounding model-size weights (MATRIX_CHUNK_ELEMENTS): a step
+    declared per matrix gives the same bits one expert at a time; one that is not gives others (experts 10^4 apart)."""
+    step, w = STEPS[name], _experts_of_unlike_magnitude()
+    whole, one_at_a_time = step.round_trip(w), in_matrix_chunks(step.round_trip, w, max_elements=1)
+    assert torch.equal(whole, one_at_a_time) == step.per_matrix, f"{name}: per_matrix={step.per_matrix}"
+
+
+@pytest.mark.parametrize("name", sorted(EVERY_RECIPE))
+def test_prepared_weights_are_the_same_bits_rounded_one_expert_at_a_time(name, monkeypatch):
+    recipe = EVERY_RECIPE[name]
+    _, _, _, w13, w2 = make(e=3, h=256, i=256, seed=12)
+    whole = prepare_weights(w13, w2, recipe)
+    monkeypatch.setattr(quant, "MATRIX_CHUNK_ELEMENTS", 1)
+    chunked = prepare_weights(w13, w2, recipe)
+    assert torch.equal(chunked.w13, whole.w13) and torch.equal(chunked.w2, whole.w2)
+
+
+@pytest.mark.parametrize(
+    "pack",
+    [quant.nvfp4_weight_pack, megamoe_weights.nvfp4_pack, megamoe_weights.mxfp4_pack],
+    ids=["nvfp4_weight_pack", "megamoe-nvfp4", "megamoe-mxfp4"],
+)
+def test_the_adapters_weight_packs_are_the_same_bits_one_expert_at_a_time(pack, monkeypatch):
+    """What the FlashInfer adapters hand a kernel, packed in chunks on its rank (quant.in_matrix_chunks)."""
+    w = _experts_of_unlike_magnitude()
+    whole = quant.in_matrix_chunks(pack, w, max_elements=w.numel())
+    chunked = quant.in_matrix_chunks(pack, w, max_elements=1)
+    assert len(whole) == len(chunked) and all(torch.equal(a, b) for a, b in zip(whole, chunked))
+
+
+@dataclass(frozen=True)
+class _Seen(Quant):
+    """A rounding step that notes how many experts each call rounds."""
+
+    seen: list = field(default_factory=list, compare=False, hash=False)
+
+    def round_trip(self, x):
+        self.seen.append(x.shape[0])
+        return super().round_trip(x)
+
+
+@pytest.mark.parametrize(
+    ("step", "calls"),
+    [(Quant("mx", fmt="mxfp4"), [2, 1, 3]), (Quant("nvfp4"), [3, 3])],
+    ids=["mxfp4-per-matrix", "nvfp4-whole-tensor"],
+)
+def test_the_oracle_rounds_model_size_weights_a_few_experts_at_a_time(step, calls, monkeypatch):
+    """An EP1 DeepSeek-V3 w13 is 16 x 4096 x 7168: rounded whole, its temporaries filled an 80 GB GPU beside the other
+    workers' ranks. Here a chunk holds two of w13's matrices or all three of w2's (half the size); a step whose scale is the
+    whole tensor's runs whole."""
+    _, _, _, w13, w2 = make(e=3, h=256, i=128, seed=13)
+    monkeypatch.setattr(quant, "MATRIX_CHUNK_ELEMENTS", 2 * w13[0].numel())
+    spy = _Seen(**{f.name: getattr(step, f.name) for f in fields(Quant)})
+    prepare_weights(w13, w2, FP32_EXACT.with_(weight=spy))
+    assert spy.seen == calls
