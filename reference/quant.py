@@ -46,8 +46,8 @@ def in_matrix_chunks(fn, x: torch.Tensor, *, max_elements: int | None = None):
     """``fn(x)`` for an ``fn`` that treats each matrix of ``x`` [E, M, K] (the last two dims) alone, computed a few
     matrices at a time along the first dim, at least one and at most ``max_elements`` (MATRIX_CHUNK_ELEMENTS) elements,
     and concatenated there: the same values, with temporaries bounded by the chunk instead of the tensor. ``fn``
-    returns a tensor or a tuple of tensors, each with the first dim of its input; a 2-D ``x`` is passed whole."""
-    if x.dim() < 3 or x[0].numel() == 0:
+    returns a tensor or a tuple of tensors, each with the first dim of its input; a 2-D or empty ``x`` is passed whole."""
+    if x.dim() < 3 or x.numel() == 0:
         return fn(x)
     step = max(1, (MATRIX_CHUNK_ELEMENTS if max_elements is None else max_elements) // x[0].numel())
     if step >= x.shape[0]:

@@ -186,15 +186,16 @@ def test_ci_test_sh_accepts_an_existing_results_folder_outside_the_checkout(tmp_
 
 
 def test_a_run_a_test_starts_leaves_the_checkouts_results_alone():
-    """After ``bash ci/test.sh``, ``results/latest.txt`` names that run: the runs its tests start write elsewhere."""
-    checkout = ROOT / "results"
-    before = sorted(checkout.iterdir()) if checkout.is_dir() else []
+    """After ``bash ci/test.sh``, ``results/latest.txt`` names that run: the runs its tests start write their one run
+    folder elsewhere (suites/conftest.py). Judged by where the started run wrote, so that another run in the same
+    checkout meanwhile changes nothing here."""
+    checkout = (ROOT / settings.RESULTS_DIR.default).resolve()
+    started = Path(os.environ.get(settings.RESULTS_DIR.name) or settings.RESULTS_DIR.default)
+    assert (ROOT / started).resolve() != checkout, f"the runs the suite's tests start would write into {checkout}"
+    before = set(started.iterdir())
     done = _collect("suites/harness/test_settings.py", "-k", "test_a_bad_option_is_one_usage_error")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    after = sorted(checkout.iterdir()) if checkout.is_dir() else []
-    assert after == before, f"a run started by a test wrote into {checkout}: {sorted(set(after) - set(before))}"
-    started = Path(os.environ[settings.RESULTS_DIR.name])
-    assert run_folder.latest(started) is not None, f"the started run left no run folder in {started}"
+    assert len(set(started.iterdir()) - before - {started / run_folder.LATEST}) == 1, f"no new run folder in {started}"
 
 
 # ---------------------------------------------------------------- --shard K/N (fixtures.plugin.shard)

@@ -234,6 +234,14 @@ def test_per_matrix_says_whether_a_step_may_round_a_few_experts_at_a_time(name):
     assert torch.equal(whole, one_at_a_time) == step.per_matrix, f"{name}: per_matrix={step.per_matrix}"
 
 
+@pytest.mark.parametrize("shape", [(0, 64, 256), (64, 256)], ids=["no-expert", "2-d"])
+def test_an_empty_or_single_matrix_is_rounded_whole(shape):
+    w = torch.randn(shape)
+    assert torch.equal(
+        in_matrix_chunks(Quant("nvfp4_e4m3").round_trip, w, max_elements=1), Quant("nvfp4_e4m3").round_trip(w)
+    )
+
+
 @pytest.mark.parametrize("name", sorted(EVERY_RECIPE))
 def test_prepared_weights_are_the_same_bits_rounded_one_expert_at_a_time(name, monkeypatch):
     recipe = EVERY_RECIPE[name]
