@@ -306,10 +306,6 @@ def nvfp4_weight_pack(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     what the adapter hands the kernel and what :func:`nvfp4_e4m3_operand_round_trip` decodes."""
     if x.shape[-1] % NVFP4_BLOCK or x.dim() < 2:
         raise ValueError(f"NVFP4 weights need [..., M, K] with K a multiple of {NVFP4_BLOCK}, got {tuple(x.shape)}")
-    return in_matrix_chunks(_nvfp4_weight_pack, x)
-
-
-def _nvfp4_weight_pack(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     xf = x.float()
     amax = xf.abs().amax(dim=(-2, -1))
     g = torch.where(amax > 0, amax / (E2M1_MAX * FP8_MAX["e4m3"]), torch.ones_like(amax))
@@ -327,10 +323,6 @@ def nvfp4_e4m3_operand_round_trip(x: torch.Tensor) -> torch.Tensor:
     :func:`nvfp4_weight_pack`: its FP8 tensor cores see E4M3(q*s/8) (q the E2M1 value, s its E4M3 block
     scale), and its per-expert output scale is 8*G (kernels §D2.3). So each decoded q*s is rounded
     once more, to E4M3 after a division by 8, and scaled by 8*G."""
-    return in_matrix_chunks(_nvfp4_e4m3_operand_round_trip, x)
-
-
-def _nvfp4_e4m3_operand_round_trip(x: torch.Tensor) -> torch.Tensor:
     packed, block_scales, g = nvfp4_weight_pack(x)
     qs = e2m1_decode(unpack_fp4(packed)) * block_scales.float().repeat_interleave(NVFP4_BLOCK, dim=-1)
     return saturating_cast(qs / 8, torch.float8_e4m3fn, FP8_MAX["e4m3"]).float() * (8 * g)[..., None, None]

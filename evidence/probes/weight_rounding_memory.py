@@ -43,7 +43,7 @@ def _one(step: str, way: str, device: str, experts: int, hidden: int, inter: int
         prepared = prepare_weights(w13, w2, recipes.SM90_PULL_FP8_NVFP4)
         out = (prepared.w13, prepared.w2)
     elif step == "pack-nvfp4":
-        out = sum((quant.nvfp4_weight_pack(w) for w in (w13, w2)), ())
+        out = sum((quant.in_matrix_chunks(quant.nvfp4_weight_pack, w) for w in (w13, w2)), ())
     else:
         out = sum((quant.in_matrix_chunks(lambda t: mx.mx_quantize(t.float(), fmt="mxfp4"), w) for w in (w13, w2)), ())
     if device == "cuda":

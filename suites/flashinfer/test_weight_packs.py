@@ -59,6 +59,7 @@ def test_unknown_pack_is_refused():
         weight_pack(fi, "int4", *_weights())
 
 
+FAKE_FI = SimpleNamespace(MoEWeightPack=lambda *legs: legs, Nvfp4WeightPack=lambda **legs: legs)
 # what the adapters' packs are made of, per matrix: the call each one makes for a chunk of experts
 PACK_STEPS = {
     "mxfp4": (mx, "mx_quantize", lambda w13, w2: weight_pack(FAKE_FI, "mxfp4", w13, w2)),
@@ -66,7 +67,6 @@ PACK_STEPS = {
     "megamoe-mxfp4": (megamoe_weights, "mxfp4_pack", lambda w13, w2: pack_weights("mxfp4", w13, w2)),
     "megamoe-nvfp4": (megamoe_weights, "nvfp4_pack", lambda w13, w2: pack_weights("nvfp4", w13, w2)),
 }
-FAKE_FI = SimpleNamespace(MoEWeightPack=lambda *legs: legs, Nvfp4WeightPack=lambda **legs: legs)
 
 
 @pytest.mark.parametrize("kind", sorted(PACK_STEPS))
