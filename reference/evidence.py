@@ -42,8 +42,10 @@ HARNESS_TRIM = _DEC05 + "harness-tests-merged-and-dropped.md"  # every harness t
 SM90_LAYOUT_FORECAST = _DEC05 + "sm90-layout-by-ep-size-forecast.md"  # workers by EP size: a forecast, not a run
 BAD_INPUTS_AND_FAILURE_REPORTS = _DEC05 + "bad-inputs-and-failure-reports.md"  # users' reads: bad inputs, reports
 SM90_H100_ORACLE_MEMORY = _DEC05 + "sm90-h100-oracle-memory.md"  # -m sm90 on an H100: the oracle out of memory
+SM90_H200_OVER_TEN_MINUTES = _DEC05 + "sm90-h200-green-over-ten-minutes.md"  # -m sm90 green, forecast counts, 633 s
 
 LOGS = (
+    SM90_H200_OVER_TEN_MINUTES,
     SM90_H100_ORACLE_MEMORY,
     BAD_INPUTS_AND_FAILURE_REPORTS,
     SM90_LAYOUT_FORECAST,
