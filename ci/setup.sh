@@ -10,7 +10,7 @@
 #      reported, not replaced. A MOE_PYTHON without torch stops set-up. The packed caches of step 3 are not
 #      restored there, and MOE_OTHER_FLASHINFER's environments are made only where it is set.
 #   3. GPU host prepared offline (no network; docs/gpu-hosts.md): ~/gpu-env.sh is sourced and its python3 used
-#      (also when the active python3 is that bundle's); a packed FlashInfer JIT cache (MOE_JIT_CACHE, default
+#      through ci/bundle_python.sh, which sources it again in the caller (also when the active python3 is that bundle's); a packed FlashInfer JIT cache (MOE_JIT_CACHE, default
 #      .gpu/jit/fi-jit.tgz) is restored once, so the kernels load instead of compiling (minutes on a fresh host).
 #   4. A machine whose Python has no torch (CI's CPU machine): a .venv in the repo at CI's exact versions
 #      (ci/constraints.txt, applied to every pip install here; pyproject.toml declares only ranges), torch FIRST (the
@@ -100,7 +100,8 @@ if [ "$mode" = bundle ]; then
   }
   aot="${MOE_JIT_AOT:-$root/.gpu/jit/fi-aot.tgz}"
   restore_once aot "$aot" "" install_aot "$aot"  # restore_aot_modules.sh says what it installed
-  echo "python3"
+  # the caller's shell has not sourced ~/gpu-env.sh (this one did, in its own process): a wrapper that does
+  echo "$root/ci/bundle_python.sh"
   exit 0
 fi
 constraints="$root/ci/constraints.txt"

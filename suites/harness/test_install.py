@@ -43,7 +43,14 @@ USERS_RUN = {
     "nvshmem4py-cu13": ["0.4.1"],
 }
 USER_TORCH = "2.11.0+cu130"
-SETUP_INPUTS = ("ci/setup.sh", "ci/active_python.py", "ci/cli.py", "ci/constraints.txt", "pyproject.toml")
+SETUP_INPUTS = (
+    "ci/setup.sh",
+    "ci/bundle_python.sh",
+    "ci/active_python.py",
+    "ci/cli.py",
+    "ci/constraints.txt",
+    "pyproject.toml",
+)
 
 
 def requirements(pyproject: Path) -> list[Requirement]:
@@ -461,10 +468,34 @@ def test_gpu_env_sh_is_second_to_an_active_environment_with_torch(setup_in, tmp_
     done, calls = setup_in(python)
     assert done.returncode == 0, done.stderr
     if bundle == "the active python3":
-        assert done.stdout.strip() == "python3" and calls == [], (done.stdout, calls)
+        wrapper = setup_in.root / "ci" / "bundle_python.sh"
+        assert done.stdout.strip() == str(wrapper) and calls == [], (done.stdout, calls)
         assert "using ~/gpu-env.sh's python3 (the python3 on PATH is ~/gpu-env.sh's)" in done.stderr, done.stderr
     else:
         assert done.stdout.strip() == str(python) and len(calls) == 1, (done.stdout, done.stderr)
+
+
+def test_the_bundle_python_that_set_up_prints_runs_from_a_shell_that_never_sourced_gpu_env_sh(setup_in, tmp_path):
+    """Where the python3 on PATH has no torch and ~/gpu-env.sh exists, set-up sources it in its own process; what it
+    prints must still run the bundle's python3 from the caller's shell (ci/test.sh execs it), not the python3 on the
+    caller's PATH."""
+    without = user_environment(tmp_path / "bare", torch=False)
+    bundle = tmp_path / "bundle" / "bin"
+    bundle.mkdir(parents=True)
+    (bundle / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # has torch (this environment's)
+    (bundle / "python3").chmod(0o755)
+    (tmp_path / "home" / "gpu-env.sh").write_text(f"export PATH={bundle}:$PATH\nexport BUNDLE_ENV_SEEN=yes\n")
+    done, calls = setup_in(without)
+    assert done.returncode == 0 and calls == [], (done.stdout, done.stderr)
+    assert "using ~/gpu-env.sh's python3 (~/gpu-env.sh exists; the python3 on PATH has no torch)" in done.stderr
+    caller = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "MOE_", "VIRTUAL_ENV", "BUNDLE_"))}
+    caller.update(HOME=str(tmp_path / "home"), PATH=f"{without.parent}:{os.environ['PATH']}")
+    probe = "import os, sys, torch; print(sys.executable, os.environ.get('BUNDLE_ENV_SEEN'))"
+    ran = subprocess.run(
+        [done.stdout.strip(), "-c", probe], env=caller, capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    assert ran.stdout.split() == [sys.executable, "yes"], ran.stdout
 
 
 # ---------------------------------------------------------------- the session header
