@@ -30,7 +30,8 @@ EXIT_CODES = {
     INTERNAL: "internal error (pytest's own, or a plugin's)",
     INPUT: "unusable input: a bad argument, setting, file or folder (one line says what is accepted)",
     NOTHING_TESTED: "nothing was tested: no test collected, every test skipped (-m sm90 with no SM90 GPU visible; "
-    "--impl whose backends all skip), or a report with no results; --allow-nothing-tested accepts it",
+    "--impl whose backends all skip), or a summary with no records (ci.time_budget, tools.summarise_cases); "
+    "--allow-nothing-tested accepts it",
     INCOMPLETE: "no verdict: a server, GPU, toolkit or package index the command needs was not there or went away, "
     "or set-up could not install (fix that and rerun)",
 }
