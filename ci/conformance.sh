@@ -5,7 +5,11 @@
 #   bash ci/conformance.sh -m sm90                                   # the Hopper backends only
 #   bash ci/conformance.sh --ep 1,2 --impl sm90_fp8_fp8_bf16_push_cuda  # one backend (--impl, or MOE_CONFORMANCE_IMPL)
 set -euo pipefail
+# relative PYTHONPATH entries and a relative MOE_PYTHON name the caller's folders (ci/caller_paths.sh)
+caller="$PWD"
 cd "$(dirname "$0")/.."
+# shellcheck source=ci/caller_paths.sh
+source ci/caller_paths.sh
 # a set-up that fails stops here with its own code (ci/setup.sh: 4 a bad setting, 6 could not install), never one of
 # pytest's; after it, pytest's exit code is this command's (docs/running.md#exit-codes)
 py="$(bash ci/setup.sh)" || exit $?

@@ -3,21 +3,13 @@
 # Set-up (ci/setup.sh), then the same pytest command a user types in the checkout: the suite's plugin decides the
 # rest (pytest-xdist workers, the rank processes' environment, the hypothesis profile: fixtures.scheduling.spread). On a CPU
 # machine every GPU test skips with its reason; the CPU tier runs reference-ep at EP1/2/4/8.
-# Relative PYTHONPATH entries name the caller's folders (a plugin in the user's own repository), as they would for a
-# pytest started there; path arguments name the checkout's.
+# Relative PYTHONPATH entries and a relative MOE_PYTHON name the caller's folders (ci/caller_paths.sh); path arguments
+# name the checkout's.
 set -euo pipefail
 caller="$PWD"
 cd "$(dirname "$0")/.."
-if [ -n "${PYTHONPATH:-}" ]; then
-  resolved=()
-  IFS=: read -r -a entries <<< "$PYTHONPATH"
-  for entry in "${entries[@]}"; do
-    [ -z "$entry" ] && continue
-    case "$entry" in /*) resolved+=("$entry") ;; *) resolved+=("$(cd "$caller" && cd "$entry" 2>/dev/null && pwd || echo "$caller/$entry")") ;; esac
-  done
-  PYTHONPATH="$(IFS=:; echo "${resolved[*]}")"
-  export PYTHONPATH
-fi
+# shellcheck source=ci/caller_paths.sh
+source ci/caller_paths.sh
 # a set-up that fails stops here with its own code (ci/setup.sh: 4 a bad setting, 6 could not install), never one of
 # pytest's; after it, pytest's exit code is this command's (docs/running.md#exit-codes)
 py="$(bash ci/setup.sh)" || exit $?

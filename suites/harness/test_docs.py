@@ -138,6 +138,12 @@ def test_readme_plugin_command_runs_as_printed_from_another_repository(tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "test_matches_reference[my_kernels.plugin:factory-EP1] PASSED" in done.stdout or " passed" in done.stdout
     assert "my_kernels.plugin:factory" in done.stdout, done.stdout[-2000:]
+    # the main job takes the same relative PYTHONPATH (collected only: the run above is the check)
+    main_job = f"PYTHONPATH=. bash {ROOT}/ci/conformance.sh --impl my_kernels.plugin:factory --ep 1 --collect-only -q"
+    done = subprocess.run(["bash", "-c", main_job], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "my_kernels.plugin:factory-EP1" in done.stdout, (
+        done.stdout[-2000:] + done.stderr[-2000:]
+    )
 
 
 # ---------------------------------------------------------------- the project stands on its own and keeps its evidence out of the code (issue 25)
