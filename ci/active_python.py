@@ -1,8 +1,9 @@
 """What ci/setup.sh asks of a Python it may use: run as a script by that Python, standard library only (the checkout
 is not installed there). Everything it says goes to stderr except ``where``'s lines.
 
-  where         ``python=`` (sys.executable), ``prefix=`` (sys.prefix) and ``torch=`` (the folder torch would be
-                imported from, empty when there is none) on stdout; finding torch imports nothing
+  where         ``python=`` (sys.executable), ``prefix=`` (sys.prefix), ``torch=`` (the folder torch would be
+                imported from, empty when there is none; finding it imports nothing), ``version=``, ``requires=``
+                (pyproject.toml's requires-python) and ``python_ok=`` (1 where this Python meets it) on stdout
   prepare ROOT  in a user's environment: names the torch and FlashInfer there, then installs the requirements of
                 ROOT/pyproject.toml's ``[test]`` extra that are missing, and nothing else
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import importlib
 import importlib.util
+import platform
 import re
 import subprocess
 import sys
@@ -72,6 +74,15 @@ def _packaging():
         from pip._vendor.packaging.requirements import Requirement
         from pip._vendor.packaging.version import InvalidVersion, Version
     return Requirement, Version, InvalidVersion
+
+
+def supported(pyproject: Path, running: tuple[int, ...] = tuple(sys.version_info[:3])) -> tuple[str, bool]:
+    """pyproject.toml's ``requires-python`` (">=3.10") and whether ``running`` meets it (its lower bounds, the only
+    kind the file states; a file without one: any Python)."""
+    match = re.search(r'^requires-python\s*=\s*"([^"]*)"', pyproject.read_text(), re.M)
+    spec = match[1] if match else ""
+    floors = [tuple(int(p) for p in m.split(".")) for m in re.findall(r">=\s*([0-9]+(?:\.[0-9]+)*)", spec)]
+    return spec or "any", all(running[: len(f)] >= f for f in floors)
 
 
 def test_extra(pyproject: Path) -> list[str]:
@@ -203,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.what == "where":
         if a.root is not None:
             p.error("where takes no ROOT")
+        requires, ok = supported(Path(__file__).resolve().parents[1] / "pyproject.toml")
         print(f"python={sys.executable}\nprefix={sys.prefix}\ntorch={module_dir('torch')}")
+        print(f"version={platform.python_version()}\nrequires={requires}\npython_ok={int(ok)}")
         return cli.OK
     if a.root is None:
         p.error("prepare needs ROOT, the checkout")

@@ -18,8 +18,10 @@
 #      build), then the test deps and flashinfer-python (its public API is pinned by CPU tests). Re-installs when
 #      either file is newer.
 # Exit codes (ci/cli.py's table, one meaning across every command; ci/test.sh and ci/conformance.sh stop with them
-# before pytest starts): 0 set up; 4 a bad setting, one line says which (a MOE_PYTHON without torch or that does not
-# run, a Python that cannot make a venv or has no pip, a ~/gpu-env.sh that fails); 6 could not install (pip could not
+# before pytest starts): 0 set up; 4 a bad setting, one line says which, checked before anything is installed (a
+# MOE_PYTHON without torch or that does not run, a Python older than pyproject's requires-python, a bad MOE_USE_VENV or
+# MOE_OTHER_FLASHINFER, a MOE_JIT_CACHE or MOE_JIT_AOT naming no file, a Python that cannot make a venv or has no pip,
+# a ~/gpu-env.sh that fails or whose python3 lacks torch or pytest); 6 could not install (pip could not
 # add what is missing: no package index, or a conflict), or any other failure of set-up: no verdict, fix and rerun.
 # Never 1 (a verdict), 2, 3 or 5 (pytest's).
 set -euo pipefail
@@ -39,17 +41,51 @@ ours() {
   prefix="$(cd "$(field prefix "$1")" 2>/dev/null && pwd -P)" || return 1
   [ "$prefix" = "$(cd "$venv" 2>/dev/null && pwd -P)" ] || [[ "$prefix" == "$(cd "$root" && pwd -P)"/.venv-fi-* ]]
 }
+# The settings read here are checked before anything is installed (fixtures/settings.py states what each accepts)
+use_venv="${MOE_USE_VENV:-0}"
+use_venv="${use_venv#"${use_venv%%[![:space:]]*}"}" use_venv="${use_venv%"${use_venv##*[![:space:]]}"}"  # trimmed
+case "$use_venv" in 0 | 1) ;; *) say "MOE_USE_VENV='${MOE_USE_VENV}': expected 1 or 0"; exit "$INPUT" ;; esac
+set -f  # the versions are words, never file patterns
+for other in ${MOE_OTHER_FLASHINFER-}; do
+  # a version pip can install (0.7.2.post1), never a word or a path: each one costs an environment of its own
+  [[ "$other" =~ ^[0-9]+(\.[0-9A-Za-z]+)*$ ]] || {
+    say "MOE_OTHER_FLASHINFER: '$other' is not a flashinfer-python version (e.g. 0.7.2.post1; empty: none)"
+    exit "$INPUT"
+  }
+done
+set +f
+# "python_ok PROBE": this Python meets pyproject.toml's requires-python, or one line says why not and set-up stops
+python_ok() {
+  [ "$(field python_ok "$2")" = 1 ] && return 0
+  say "$1 is Python $(field version "$2"); the suite needs Python $(field requires "$2") (pyproject.toml)"
+  exit "$INPUT"
+}
+# "source_gpu_env": ~/gpu-env.sh in this shell, as a user's own file may be written: unset variables allowed, and
+# whatever it prints kept off stdout, which carries only the python to use
+source_gpu_env() {
+  local rc=0
+  set +u
+  # shellcheck disable=SC1091
+  source "$HOME/gpu-env.sh" >&2 || rc=$?
+  set -u
+  return "$rc"
+}
 mode=venv why="the python3 on PATH has no torch"
-if [ "${MOE_USE_VENV:-0}" = 1 ]; then
+if [ "$use_venv" = 1 ]; then
   why="MOE_USE_VENV=1"
 elif [ -n "${MOE_PYTHON:-}" ]; then
   info="$(probe "$MOE_PYTHON")"
   if [ -z "$(field torch "$info")" ]; then
-    what="has no torch"; [ -n "$info" ] || what="does not run"
-    say "MOE_PYTHON=$MOE_PYTHON $what: set-up installs no torch into it; install torch there, or unset MOE_PYTHON" \
-        "for the suite's own .venv"
+    if [ -n "$info" ]; then
+      say "MOE_PYTHON=$MOE_PYTHON has no torch: set-up installs no torch into it; install torch there, or unset" \
+          "MOE_PYTHON for the suite's own .venv"
+    else
+      say "MOE_PYTHON=$MOE_PYTHON does not run: give a python executable (a path, or a name on PATH), or unset" \
+          "MOE_PYTHON for the python3 on PATH"
+    fi
     exit "$INPUT"
   fi
+  python_ok "MOE_PYTHON=$MOE_PYTHON" "$info"
   mode=active why="MOE_PYTHON=$MOE_PYTHON"
 else
   info="$(probe python3)"
@@ -61,21 +97,34 @@ else
   if [ -f "$HOME/gpu-env.sh" ]; then
     if [ "$mode" = venv ]; then
       mode=bundle why="~/gpu-env.sh exists; $why"
-    elif [ "$info" = "$(source "$HOME/gpu-env.sh" >/dev/null 2>&1; probe python3)" ]; then
+    elif [ "$info" = "$(source_gpu_env >/dev/null 2>&1; probe python3)" ]; then
       mode=bundle why="the python3 on PATH is ~/gpu-env.sh's"
     fi
   fi
 fi
 if [ "$mode" = active ]; then
   py="$(field python "$info")"
+  python_ok "$py" "$info"
   say "testing $py ($why): its torch and FlashInfer as installed"
   # its own exit code: 4 (this Python has no pip to add the missing requirements with) or 6 (pip could not add them)
   "$py" "$root/ci/active_python.py" prepare "$root" >&2 || exit $?
 fi
 if [ "$mode" = bundle ]; then
   say "using ~/gpu-env.sh's python3 ($why)"
-  # shellcheck disable=SC1091
-  source "$HOME/gpu-env.sh" || { say "~/gpu-env.sh failed (exit $?): fix it, or MOE_USE_VENV=1"; exit "$INPUT"; }
+  source_gpu_env || { say "~/gpu-env.sh failed (exit $?): fix it, or MOE_USE_VENV=1"; exit "$INPUT"; }
+  # the bundle must hold torch and the [test] extra (docs/gpu-hosts.md): without them pytest could not even start
+  info="$(probe python3)"
+  if [ -z "$(field torch "$info")" ]; then
+    say "~/gpu-env.sh's python3 ($(command -v python3)) has no torch: the bundle must hold torch, FlashInfer and" \
+        "the [test] extra (docs/gpu-hosts.md), or MOE_USE_VENV=1 for the suite's own .venv"
+    exit "$INPUT"
+  fi
+  python_ok "~/gpu-env.sh's python3" "$info"
+  python3 -c "import pytest" 2>/dev/null || {
+    say "~/gpu-env.sh's python3 ($(command -v python3)) has no pytest: the bundle must hold the [test] extra" \
+        "(docs/gpu-hosts.md), or MOE_USE_VENV=1 for the suite's own .venv"
+    exit "$INPUT"
+  }
   # Each packed cache is restored once per host (a marker per tarball's hash); a failed restore leaves no marker
   # and is tried again next time: "restore_once NAME TARBALL MESSAGE CMD..." (MESSAGE may be empty)
   restore_once() {
@@ -87,6 +136,13 @@ if [ "$mode" = bundle ]; then
     [ -z "$message" ] || echo "$message" >&2
     if "$@" >&2; then mkdir -p "$HOME/.cache" && touch "$marker"; fi
   }
+  # a tarball named by its variable must be there; the default ones are restored where they are
+  for named in MOE_JIT_CACHE MOE_JIT_AOT; do
+    if [ -n "${!named:-}" ] && [ ! -f "${!named}" ]; then
+      say "$named=${!named}: no such file (a .tgz file; unset: the default under .gpu/jit/ where present)"
+      exit "$INPUT"
+    fi
+  done
   jit="${MOE_JIT_CACHE:-$root/.gpu/jit/fi-jit.tgz}"
   restore_once jit "$jit" "restoring the FlashInfer JIT cache $jit" bash "$root/ci/restore_jit_cache.sh" "$jit" "$HOME/.cache" "$HOME/gpu-site"
   # FlashInfer AOT modules built without a GPU (python -m tools.build_jit_modules; MOE_JIT_AOT, default
@@ -131,12 +187,8 @@ fi
 # flashinfer-python pin, which that version replaces.
 others="${MOE_OTHER_FLASHINFER-0.7.2.post1}"
 [ "$mode" = venv ] || others="${MOE_OTHER_FLASHINFER-}"
-for other in $others; do
-  # a version pip can install (0.7.2.post1), never a word or a path: each one costs an environment of its own
-  [[ "$other" =~ ^[0-9]+(\.[0-9A-Za-z]+)*$ ]] || {
-    say "MOE_OTHER_FLASHINFER: '$other' is not a flashinfer-python version (e.g. 0.7.2.post1; empty: none)"
-    exit "$INPUT"
-  }
+set -f
+for other in $others; do  # each checked above
   env2="$root/.venv-fi-$other"
   if stale "$env2/.moe-installed"; then
     "$base" -m venv "$env2" >&2
@@ -149,4 +201,5 @@ for other in $others; do
     }
   fi
 done
+set +f
 if [ "$mode" = active ]; then echo "$py"; else echo "$venv/bin/python"; fi

@@ -45,6 +45,7 @@ USERS_RUN = {
 USER_TORCH = "2.11.0+cu130"
 SETUP_INPUTS = (
     "ci/setup.sh",
+    "ci/caller_paths.sh",
     "ci/bundle_python.sh",
     "ci/active_python.py",
     "ci/cli.py",
@@ -460,6 +461,7 @@ def test_gpu_env_sh_is_second_to_an_active_environment_with_torch(setup_in, tmp_
     """~/gpu-env.sh's python3 is used when the active python3 is that bundle's (gpu-env.sh sourced already); an
     active environment of the user's own with torch wins over it."""
     python = user_environment(tmp_path / "user")
+    (_site(python) / "pytest.py").write_text("")  # a bundle holds the [test] extra: set-up imports pytest there
     other = tmp_path / "bundle" / "bin"
     other.mkdir(parents=True)
     (other / "python3").symlink_to(sys.executable)  # has torch too (this environment's)
@@ -496,6 +498,134 @@ def test_the_bundle_python_that_set_up_prints_runs_from_a_shell_that_never_sourc
     )
     assert ran.returncode == 0, ran.stderr[-2000:]
     assert ran.stdout.split() == [sys.executable, "yes"], ran.stdout
+
+
+def _python_3_9(tmp_path: Path) -> Path:
+    """A python3 that ci/active_python.py's ``where`` finds to be 3.9.18 with torch (no such interpreter here)."""
+    old = tmp_path / "old-python" / "python3"
+    old.parent.mkdir()
+    old.write_text(
+        f'#!/bin/sh\n[ "$2" = where ] && {{ printf "python=%s\\nprefix=/x\\ntorch=/x/torch\\nversion=3.9.18\\n'
+        f'requires=>=3.10\\npython_ok=0\\n" "$0"; exit 0; }}\nexec "{sys.executable}" "$@"\n'
+    )
+    old.chmod(0o755)
+    return old
+
+
+@pytest.mark.parametrize("how", ["MOE_PYTHON", "the python3 on PATH"])
+def test_a_python_older_than_requires_python_is_refused_before_pip(setup_in, tmp_path, how):
+    """pyproject.toml requires Python 3.10: set-up says so and exits 4, and asks pip for nothing in that environment."""
+    old = _python_3_9(tmp_path)
+    if how == "MOE_PYTHON":
+        done, calls = setup_in(user_environment(tmp_path / "user"), MOE_PYTHON=str(old))
+        who = f"MOE_PYTHON={old}"
+    else:
+        done, calls = setup_in(old)
+        who = str(old)
+    assert done.returncode == cli.INPUT and not done.stdout and calls == [], (done.stdout, done.stderr)
+    assert f"{who} is Python 3.9.18; the suite needs Python >=3.10 (pyproject.toml)" in done.stderr, done.stderr
+
+
+def _bundle(tmp_path: Path, gpu_env: str, python: str = "") -> Path:
+    """A prepared host's ~/gpu-env.sh whose text is ``gpu_env`` with ``{bundle}`` its bin folder, where python3 runs
+    ``python`` (default: this environment's, which has torch and pytest)."""
+    bundle = tmp_path / "bundle" / "bin"
+    bundle.mkdir(parents=True)
+    (bundle / "python3").write_text(f'#!/bin/sh\nexec "{python or sys.executable}" "$@"\n')
+    (bundle / "python3").chmod(0o755)
+    (tmp_path / "home" / "gpu-env.sh").write_text(gpu_env.format(bundle=bundle))
+    return bundle
+
+
+def test_a_gpu_env_sh_that_prints_and_reads_unset_variables_still_gives_one_python(setup_in, tmp_path):
+    """A user's own ~/gpu-env.sh may print a line and extend a variable that is not set: set-up's stdout is still the
+    one python to run (ci/test.sh captures it), and the unset variable is no error."""
+    without = user_environment(tmp_path / "bare", torch=False)
+    _bundle(
+        tmp_path,
+        'echo "bundle: torch 2.11"\nexport PATH={bundle}:$PATH\nexport LD_LIBRARY_PATH=/opt/lib:$LD_LIBRARY_PATH\n',
+    )
+    done, calls = setup_in(without, LD_LIBRARY_PATH="")
+    assert done.returncode == 0 and calls == [], (done.stdout, done.stderr)
+    assert done.stdout.splitlines() == [str(setup_in.root / "ci" / "bundle_python.sh")], done.stdout
+    assert "bundle: torch 2.11" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("lacks", ["torch", "pytest", "a supported version"])
+def test_a_bundle_python_that_cannot_run_the_suite_stops_set_up_with_one_line(setup_in, tmp_path, lacks):
+    """~/gpu-env.sh's python3 must hold torch and the [test] extra (docs/gpu-hosts.md) and meet requires-python: set-up
+    says which it lacks and exits 4, instead of printing a python whose pytest would fail with a traceback."""
+    if lacks == "torch":
+        python = str(user_environment(tmp_path / "no-torch", torch=False))
+    elif lacks == "pytest":
+        python = str(user_environment(tmp_path / "no-pytest"))  # fake torch; no pytest module
+    else:
+        python = str(_python_3_9(tmp_path))
+    without = user_environment(tmp_path / "bare", torch=False)
+    _bundle(tmp_path, "export PATH={bundle}:$PATH\n", python)
+    done, calls = setup_in(without)
+    assert done.returncode == cli.INPUT and not done.stdout and calls == [], (done.stdout, done.stderr)
+    expected = {
+        "torch": "has no torch: the bundle must hold torch",
+        "pytest": "has no pytest: the bundle must hold the [test] extra",
+        "a supported version": "~/gpu-env.sh's python3 is Python 3.9.18; the suite needs Python >=3.10",
+    }[lacks]
+    assert expected in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize(
+    "variable, value, says",
+    [
+        ("MOE_USE_VENV", "yes", "MOE_USE_VENV='yes': expected 1 or 0"),
+        ("MOE_OTHER_FLASHINFER", "0.7.2.post1 latest", "MOE_OTHER_FLASHINFER: 'latest' is not a flashinfer-python"),
+        ("MOE_OTHER_FLASHINFER", "*", "MOE_OTHER_FLASHINFER: '*' is not a flashinfer-python"),
+    ],
+    ids=["use-venv-word", "other-flashinfer-word", "other-flashinfer-pattern"],
+)
+def test_a_bad_setting_stops_set_up_before_anything_is_installed(setup_in, tmp_path, variable, value, says):
+    """A setting set-up reads is checked first: a bad one exits 4 with one line, before pip adds anything to the
+    user's environment or an environment is made."""
+    python = user_environment(tmp_path / "user")
+    done, calls = setup_in(python, **{variable: value})
+    assert done.returncode == cli.INPUT and not done.stdout, (done.stdout, done.stderr)
+    assert calls == [] and not list(setup_in.root.glob(".venv-fi-*")), calls
+    assert says in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("variable", ["MOE_JIT_CACHE", "MOE_JIT_AOT"])
+def test_a_named_jit_tarball_that_is_missing_stops_set_up(setup_in, tmp_path, variable):
+    """On a prepared host a JIT tarball named by its variable must be there; the default ones are restored where they
+    are. A missing one is a bad setting, not minutes of compiling that nothing explains."""
+    without = user_environment(tmp_path / "bare", torch=False)
+    _bundle(tmp_path, "export PATH={bundle}:$PATH\n")
+    done, _ = setup_in(without, **{variable: str(tmp_path / "nowhere.tgz")})
+    assert done.returncode == cli.INPUT and not done.stdout, (done.stdout, done.stderr)
+    assert f"{variable}={tmp_path / 'nowhere.tgz'}: no such file" in done.stderr, done.stderr
+
+
+def test_requires_python_is_read_from_pyproject():
+    sys.path.insert(0, str(ROOT / "ci"))
+    try:
+        from ci.active_python import supported
+    finally:
+        sys.path.remove(str(ROOT / "ci"))
+    assert supported(PYPROJECT, (3, 10, 0)) == (">=3.10", True)
+    assert supported(PYPROJECT, (3, 9, 18)) == (">=3.10", False)
+    assert supported(PYPROJECT, (3, 13, 1)) == (">=3.10", True)
+
+
+@pytest.mark.parametrize(
+    "moe_python, expected",
+    [("env/bin/python3", "{caller}/env/bin/python3"), ("/abs/python3", "/abs/python3"), ("python3.11", "python3.11")],
+    ids=["relative", "absolute", "a-name-on-path"],
+)
+def test_a_relative_moe_python_names_the_callers_folder(tmp_path, moe_python, expected):
+    """ci/test.sh and ci/conformance.sh cd into the checkout: ci/caller_paths.sh makes a relative MOE_PYTHON path name
+    the folder they were started from, and leaves a bare name to PATH."""
+    script = f'caller="{tmp_path}"; source "{ROOT / "ci" / "caller_paths.sh"}"; echo "$MOE_PYTHON"'
+    env = {**os.environ, "MOE_PYTHON": moe_python}
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=30)
+    assert done.stdout.strip() == expected.format(caller=tmp_path), done.stderr
 
 
 # ---------------------------------------------------------------- the session header
