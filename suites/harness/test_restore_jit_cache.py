@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -84,7 +85,11 @@ def test_setup_restores_a_packed_cache_once_on_a_prepared_gpu_host(tmp_path):
     into ~/.cache before the first test, and only once."""
     home, packed = tmp_path / "home", tmp_path / "packed"
     (home / "gpu-site").mkdir(parents=True)
-    (home / "gpu-env.sh").write_text("true\n")
+    bundle = tmp_path / "bundle-bin"  # the bundle's python3: this environment's, which has torch and pytest
+    bundle.mkdir()
+    (bundle / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (bundle / "python3").chmod(0o755)
+    (home / "gpu-env.sh").write_text(f"export PATH={bundle}:$PATH\n")
     (packed / "flashinfer" / "0.7.2.post1" / "90a").mkdir(parents=True)
     (packed / "flashinfer" / "0.7.2.post1" / "90a" / "module.so").write_text("compiled")
     tarball = tmp_path / "fi-jit.tgz"
@@ -92,7 +97,7 @@ def test_setup_restores_a_packed_cache_once_on_a_prepared_gpu_host(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("MOE_PYTHON", "MOE_USE_VENV")}
     env.update(HOME=str(home), MOE_JIT_CACHE=str(tarball))
     first = subprocess.run(["bash", "ci/setup.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-    assert first.returncode == 0 and first.stdout.strip() == "python3", first.stderr
+    assert first.returncode == 0 and first.stdout.strip() == str(ROOT / "ci" / "bundle_python.sh"), first.stderr
     assert "restoring the FlashInfer JIT cache" in first.stderr
     assert (home / ".cache" / "flashinfer" / "0.7.2.post1" / "90a" / "module.so").read_text() == "compiled"
     again = subprocess.run(["bash", "ci/setup.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
