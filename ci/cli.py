@@ -129,3 +129,18 @@ def command(name: str):
         return wrapped
 
     return decorate
+
+
+def script_help(script: str) -> str:
+    """What ``bash ci/test.sh --help`` and ``bash ci/conformance.sh --help`` print before set-up: the script's codes
+    (set-up's 4 and 6, then pytest's 0 to 5, this table's meanings); pytest's own help follows."""
+    return epilog(
+        EXIT_CODES,
+        f"{script}: set-up (ci/setup.sh), then pytest with these arguments; pytest's help, the suite's options "
+        "among them, follows after set-up. A set-up that fails stops with 4 or 6 before pytest; after it the code is "
+        "pytest's.",
+    )
+
+
+if __name__ == "__main__":  # python3 ci/cli.py SCRIPT: the scripts' help header, standard library only
+    print(script_help(sys.argv[1] if len(sys.argv) > 1 else "ci/test.sh"))

@@ -10,6 +10,8 @@ caller="$PWD"
 cd "$(dirname "$0")/.."
 # shellcheck source=ci/caller_paths.sh
 source ci/caller_paths.sh
+# --help: the exit codes first (ci/cli.py, standard library only: no set-up needed), then pytest's help
+case " $* " in *" --help "* | *" -h "*) python3 ci/cli.py ci/conformance.sh || true ;; esac
 # a set-up that fails stops here with its own code (ci/setup.sh: 4 a bad setting, 6 could not install), never one of
 # pytest's; after it, pytest's exit code is this command's (docs/running.md#exit-codes)
 py="$(bash ci/setup.sh)" || exit $?

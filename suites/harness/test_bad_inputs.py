@@ -14,6 +14,7 @@ import io
 import json
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -306,6 +307,16 @@ def test_the_commands_are_found():
         "tools.strategy_reach",
     }
     assert found <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("script", ["ci/test.sh", "ci/conformance.sh"])
+def test_the_scripts_help_lists_every_code_before_pytests_help(script):
+    """The two scripts return set-up's 4 and 6 and pytest's 0 to 5: their --help lists all of them, with the table's
+    meanings, and then pytest's help with the suite's options."""
+    done = subprocess.run(["bash", script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == cli.OK and "exit codes:\n" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    assert cli.listed_codes(done.stdout.split("\nusage:")[0]) == cli.EXIT_CODES, done.stdout[:3000]
+    assert "--impl" in done.stdout and "--results-dir" in done.stdout, done.stdout[-2000:]
 
 
 @pytest.mark.parametrize("module", COMMANDS)
