@@ -250,6 +250,31 @@ def test_printed_reproduction_runs_with_a_bare_path_and_fails_again():
     assert done.returncode == 1 and "FAIL oracle: [oracle] faulty:rank_zeroed" in out, f"{command}\n{out[-2000:]}"
 
 
+def test_a_plugin_kernels_printed_reproduction_loads_it_and_fails_again(tmp_path, monkeypatch):
+    """A user's kernel (``pkg.module:factory``) comes from their PYTHONPATH: the printed line carries that path, so
+    pasted at the checkout's root in a bare shell it loads the kernel and fails the same check."""
+    (tmp_path / "their_kernels").mkdir()
+    (tmp_path / "their_kernels" / "__init__.py").write_text("")
+    (tmp_path / "their_kernels" / "wrong.py").write_text(
+        "from fixtures.core.implementation import load\n\ndef factory():\n    return load('faulty:rank_zeroed')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(ROOT)]))
+    spec = "their_kernels.wrong:factory"
+    layer = LayerCase(num_experts=4, hidden=32, intermediate=16, top_k=2, capacity=8, weight_seed=1)
+    scenario = Scenario(layer, (BatchCase(tokens=(6,), seed=2),), 1)
+    from fixtures.scheduling.scheduler import isolated
+
+    with isolated(), pytest.raises(ConformanceFailure) as failure:  # fresh pools inherit the PYTHONPATH
+        check_oracle(Subject(spec, load(spec), 1), scenario)
+    line = next(ln for ln in str(failure.value).splitlines() if ln.strip().startswith("reproduce: "))
+    command = line.split("reproduce: ", 1)[1]
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}  # no venv, no PYTHONPATH
+    done = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1 and f"FAIL oracle: [oracle] {spec}" in out, f"{command}\n{out[-2000:]}"
+
+
 @pytest.mark.parametrize(
     "tbstyle, fulltrace, short", [("auto", False, True), ("long", False, False), ("auto", True, False)]
 )

@@ -7,6 +7,7 @@ caught it is printed in the run's summary.
 
 from __future__ import annotations
 
+import re
 import shlex
 
 import pytest
@@ -132,6 +133,8 @@ def _printed_reproduction_fails_again(fault: str, message: str, caught_by: str) 
     """The failure's printed command, run as printed (on this process's pools), fails the same check."""
     command = next(line for line in message.splitlines() if line.strip().startswith("reproduce: "))
     argv = shlex.split(command.split("reproduce: ", 1)[1])
+    while argv and re.fullmatch(r"[A-Z_]+=.*", argv[0]):  # the run's own PYTHONPATH, where it has entries of its own
+        argv.pop(0)
     assert argv[:3] == [suite_python(), "-m", "ci.repro"], command  # the suite's own interpreter, not PATH's python
     subject, scenario, names, seed = repro.parse(argv[3:])
     assert names == [caught_by], f"{fault}: the reproduction runs {names}, the failure was [{caught_by}]"
