@@ -13,6 +13,7 @@ are counted under ``-``. The known names are the registered implementations and 
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import xml.etree.ElementTree as ET
@@ -34,6 +35,18 @@ def known_names() -> list[str]:
 
     names = set(registered_names()) | {d.impl_name for d in ALL_DESCRIPTORS} | {op.name for op in OPS}
     return sorted(names, key=len, reverse=True)
+
+
+def names_in(folder: Path) -> list[str]:
+    """:func:`known_names` and the implementations the folder's runs selected (their ``summary.json``): a user's
+    ``pkg.module:factory`` or a faulty wrapper is named in full, longest first."""
+    selected: set[str] = set()
+    for summary in folder.rglob("summary.json"):
+        try:
+            selected |= {n for n in json.loads(summary.read_text()).get("implementations", []) if isinstance(n, str)}
+        except (OSError, ValueError, AttributeError):
+            continue  # a summary that is not one says nothing of the names; ci.report reads its results without it
+    return sorted(set(known_names()) | selected, key=len, reverse=True)
 
 
 outcome = results.junit_case_outcome

@@ -235,6 +235,26 @@ def test_a_failed_test_is_listed_with_its_reproduction(tmp_path):
     assert 'ci.repro \'{"from": "junit"}\'' in details and 'ci.repro \'{"from": "record"}\'' in details
 
 
+def test_a_plugin_or_faulty_wrappers_tests_are_filed_under_its_full_name(tmp_path):
+    """The report's matrix files a test under the implementation its run selected (``summary.json``), not under "no
+    backend" for a user's ``pkg.module:factory``, nor under a registered prefix of a faulty wrapper's name."""
+    cases = [
+        ("test_matches_reference[my_kernels.plugin:factory-EP2]", "<failure message='x'>x</failure>"),
+        ("test_matches_reference[faulty:experts_off_by_one@reference-ep-EP1]", ""),
+    ]
+    body = "".join(
+        f"<testcase classname='suites.conformance.test_generic' name=\"{n}\" time='1'>{d}</testcase>" for n, d in cases
+    )
+    (tmp_path / "junit.xml").write_text(f"<testsuites><testsuite name='pytest'>{body}</testsuite></testsuites>")
+    implementations = ["my_kernels.plugin:factory", "faulty:experts_off_by_one@reference-ep"]
+    (tmp_path / "summary.json").write_text(json.dumps({"implementations": implementations}))
+    filed = {t.nodeid.split("[")[1]: (t.impl, t.ep, t.outcome) for t in report_outcomes.tests(tmp_path)}
+    assert filed == {
+        "my_kernels.plugin:factory-EP2]": ("my_kernels.plugin:factory", "EP2", "failed"),
+        "faulty:experts_off_by_one@reference-ep-EP1]": ("faulty:experts_off_by_one@reference-ep", "EP1", "passed"),
+    }, filed
+
+
 # ---------------------------------------------------------------- a failure's reproduction line runs as printed
 def test_printed_reproduction_runs_with_a_bare_path_and_fails_again():
     spec = "faulty:rank_zeroed"  # at EP1 its one rank is the last: every row is zero
