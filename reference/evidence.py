@@ -43,10 +43,10 @@ SM90_LAYOUT_FORECAST = _DEC05 + "sm90-layout-by-ep-size-forecast.md"  # workers 
 BAD_INPUTS_AND_FAILURE_REPORTS = _DEC05 + "bad-inputs-and-failure-reports.md"  # users' reads: bad inputs, reports
 SM90_H100_ORACLE_MEMORY = _DEC05 + "sm90-h100-oracle-memory.md"  # -m sm90 on an H100: the oracle out of memory
 SM90_H200_OVER_TEN_MINUTES = _DEC05 + "sm90-h200-green-over-ten-minutes.md"  # -m sm90 green, forecast counts, 633 s
-SETUP_CHECKS = _DEC05 + "setup-checks-from-two-reviews.md"  # set-up against users' environments; the CPU tier
+SETUP_AND_REPRODUCTION = _DEC05 + "setup-and-reproduction-reviews.md"  # set-up, reproductions; the CPU tier
 
 LOGS = (
-    SETUP_CHECKS,
+    SETUP_AND_REPRODUCTION,
     SM90_H200_OVER_TEN_MINUTES,
     SM90_H100_ORACLE_MEMORY,
     BAD_INPUTS_AND_FAILURE_REPORTS,
