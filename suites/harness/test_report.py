@@ -256,18 +256,25 @@ def test_a_plugin_or_faulty_wrappers_tests_are_filed_under_its_full_name(tmp_pat
 
 
 # ---------------------------------------------------------------- a failure's reproduction line runs as printed
-def test_printed_reproduction_runs_with_a_bare_path_and_fails_again():
-    spec = "faulty:rank_zeroed"  # at EP1 its one rank is the last: every row is zero
+def _fails_and_its_pasted_line_fails_again(spec: str) -> None:
+    """``spec`` fails the oracle check on a small case; its printed reproduction, pasted at the checkout's root in a
+    bare shell (no venv, no PYTHONPATH), fails the same check with exit 1. Fresh pools: they inherit the PYTHONPATH."""
+    from fixtures.scheduling.scheduler import isolated
+
     layer = LayerCase(num_experts=4, hidden=32, intermediate=16, top_k=2, capacity=8, weight_seed=1)
     scenario = Scenario(layer, (BatchCase(tokens=(6,), seed=2),), 1)
-    with pytest.raises(ConformanceFailure) as failure:
+    with isolated(), pytest.raises(ConformanceFailure) as failure:
         check_oracle(Subject(spec, load(spec), 1), scenario)
     line = next(ln for ln in str(failure.value).splitlines() if ln.strip().startswith("reproduce: "))
     command = line.split("reproduce: ", 1)[1]
-    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}  # no venv, no PYTHONPATH
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
     done = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     out = done.stdout + done.stderr
-    assert done.returncode == 1 and "FAIL oracle: [oracle] faulty:rank_zeroed" in out, f"{command}\n{out[-2000:]}"
+    assert done.returncode == 1 and f"FAIL oracle: [oracle] {spec}" in out, f"{command}\n{out[-2000:]}"
+
+
+def test_printed_reproduction_runs_with_a_bare_path_and_fails_again():
+    _fails_and_its_pasted_line_fails_again("faulty:rank_zeroed")  # at EP1 its one rank is the last: every row zero
 
 
 def test_a_plugin_kernels_printed_reproduction_loads_it_and_fails_again(tmp_path, monkeypatch):
@@ -280,19 +287,7 @@ def test_a_plugin_kernels_printed_reproduction_loads_it_and_fails_again(tmp_path
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(ROOT)]))
-    spec = "their_kernels.wrong:factory"
-    layer = LayerCase(num_experts=4, hidden=32, intermediate=16, top_k=2, capacity=8, weight_seed=1)
-    scenario = Scenario(layer, (BatchCase(tokens=(6,), seed=2),), 1)
-    from fixtures.scheduling.scheduler import isolated
-
-    with isolated(), pytest.raises(ConformanceFailure) as failure:  # fresh pools inherit the PYTHONPATH
-        check_oracle(Subject(spec, load(spec), 1), scenario)
-    line = next(ln for ln in str(failure.value).splitlines() if ln.strip().startswith("reproduce: "))
-    command = line.split("reproduce: ", 1)[1]
-    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}  # no venv, no PYTHONPATH
-    done = subprocess.run(["bash", "-c", command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    out = done.stdout + done.stderr
-    assert done.returncode == 1 and f"FAIL oracle: [oracle] {spec}" in out, f"{command}\n{out[-2000:]}"
+    _fails_and_its_pasted_line_fails_again("their_kernels.wrong:factory")
 
 
 @pytest.mark.parametrize(
