@@ -37,11 +37,11 @@ def known_names() -> list[str]:
     return sorted(names, key=len, reverse=True)
 
 
-def names_in(folder: Path) -> list[str]:
-    """:func:`known_names` and the implementations the folder's runs selected (their ``summary.json``): a user's
-    ``pkg.module:factory`` or a faulty wrapper is named in full, longest first."""
+def names_in(summaries) -> list[str]:
+    """:func:`known_names` and the implementations the runs of these ``summary.json`` files selected (a missing file
+    adds none): a user's ``pkg.module:factory`` or a faulty wrapper is named in full, longest first."""
     selected: set[str] = set()
-    for summary in folder.rglob("summary.json"):
+    for summary in summaries:
         try:
             selected |= {n for n in json.loads(summary.read_text()).get("implementations", []) if isinstance(n, str)}
         except (OSError, ValueError, AttributeError):
@@ -69,7 +69,9 @@ def read(path: Path) -> ET.Element:
 
 
 def matrix(path: Path, names: list[str] | None = None) -> dict[tuple[str, str], Counter]:
-    names = known_names() if names is None else names
+    """Outcomes per (implementation, EP size) of one JUnit file; the names default to :func:`names_in` of the run
+    folder's ``summary.json`` beside it."""
+    names = names_in([path.parent / "summary.json"]) if names is None else names
     out: dict[tuple[str, str], Counter] = defaultdict(Counter)
     for case in read(path).iter("testcase"):
         out[classify(case.get("name", ""), names)][outcome(case)] += 1

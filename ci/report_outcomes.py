@@ -31,7 +31,7 @@ def junit_files(folder: Path) -> list[Path]:
 
 def tests(folder: Path, names: list[str] | None = None) -> list[Test]:
     """Every test of the folder's JUnit files, once (its worst outcome), node ids as fixtures.core.results spells them."""
-    names = outcomes.names_in(folder) if names is None else names
+    names = outcomes.names_in(folder.rglob("summary.json")) if names is None else names
     found: dict[str, Test] = {}
     for path in junit_files(folder):
         for case in outcomes.read(path).iter("testcase"):

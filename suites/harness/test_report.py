@@ -253,6 +253,11 @@ def test_a_plugin_or_faulty_wrappers_tests_are_filed_under_its_full_name(tmp_pat
         "my_kernels.plugin:factory-EP2]": ("my_kernels.plugin:factory", "EP2", "failed"),
         "faulty:experts_off_by_one@reference-ep-EP1]": ("faulty:experts_off_by_one@reference-ep", "EP1", "passed"),
     }, filed
+    cells = outcomes.matrix(tmp_path / "junit.xml")  # python -m ci.outcomes on the run's JUnit file: the same cells
+    assert {key: dict(count) for key, count in cells.items()} == {
+        ("my_kernels.plugin:factory", "EP2"): {"failed": 1},
+        ("faulty:experts_off_by_one@reference-ep", "EP1"): {"passed": 1},
+    }, cells
 
 
 # ---------------------------------------------------------------- a failure's reproduction line runs as printed
