@@ -1,8 +1,8 @@
 """What ci/setup.sh asks of a Python it may use: run as a script by that Python, standard library only (the checkout
 is not installed there). Everything it says goes to stderr except ``where``'s lines.
 
-  where         ``python=`` (sys.executable), ``prefix=`` (sys.prefix), ``torch=`` (the folder torch would be
-                imported from, empty when there is none; finding it imports nothing), ``version=``, ``requires=``
+  where         ``python=`` (sys.executable), ``prefix=`` (sys.prefix), ``torch=`` and ``pytest=`` (the folder each
+                would be imported from, empty when there is none; finding it imports nothing), ``version=``, ``requires=``
                 (pyproject.toml's requires-python) and ``python_ok=`` (1 where this Python meets it) on stdout
   prepare ROOT  in a user's environment: names the torch and FlashInfer there, then installs the requirements of
                 ROOT/pyproject.toml's ``[test]`` extra that are missing, and nothing else
@@ -215,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.root is not None:
             p.error("where takes no ROOT")
         requires, ok = supported(Path(__file__).resolve().parents[1] / "pyproject.toml")
-        print(f"python={sys.executable}\nprefix={sys.prefix}\ntorch={module_dir('torch')}")
+        print(
+            f"python={sys.executable}\nprefix={sys.prefix}\ntorch={module_dir('torch')}\npytest={module_dir('pytest')}"
+        )
         print(f"version={platform.python_version()}\nrequires={requires}\npython_ok={int(ok)}")
         return cli.OK
     if a.root is None:

@@ -120,7 +120,7 @@ if [ "$mode" = bundle ]; then
     exit "$INPUT"
   fi
   python_ok "~/gpu-env.sh's python3" "$info"
-  python3 -c "import pytest" 2>/dev/null || {
+  [ -n "$(field pytest "$info")" ] || {
     say "~/gpu-env.sh's python3 ($(command -v python3)) has no pytest: the bundle must hold the [test] extra" \
         "(docs/gpu-hosts.md), or MOE_USE_VENV=1 for the suite's own .venv"
     exit "$INPUT"
@@ -187,8 +187,7 @@ fi
 # flashinfer-python pin, which that version replaces.
 others="${MOE_OTHER_FLASHINFER-0.7.2.post1}"
 [ "$mode" = venv ] || others="${MOE_OTHER_FLASHINFER-}"
-set -f
-for other in $others; do  # each checked above
+for other in $others; do  # each checked above: a version, never a file pattern
   env2="$root/.venv-fi-$other"
   if stale "$env2/.moe-installed"; then
     "$base" -m venv "$env2" >&2
@@ -201,5 +200,4 @@ for other in $others; do  # each checked above
     }
   fi
 done
-set +f
 if [ "$mode" = active ]; then echo "$py"; else echo "$venv/bin/python"; fi
