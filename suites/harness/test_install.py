@@ -482,11 +482,7 @@ def test_the_bundle_python_that_set_up_prints_runs_from_a_shell_that_never_sourc
     prints must still run the bundle's python3 from the caller's shell (ci/test.sh execs it), not the python3 on the
     caller's PATH."""
     without = user_environment(tmp_path / "bare", torch=False)
-    bundle = tmp_path / "bundle" / "bin"
-    bundle.mkdir(parents=True)
-    (bundle / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # has torch (this environment's)
-    (bundle / "python3").chmod(0o755)
-    (tmp_path / "home" / "gpu-env.sh").write_text(f"export PATH={bundle}:$PATH\nexport BUNDLE_ENV_SEEN=yes\n")
+    _bundle(tmp_path, "export PATH={bundle}:$PATH\nexport BUNDLE_ENV_SEEN=yes\n")  # this environment's python
     done, calls = setup_in(without)
     assert done.returncode == 0 and calls == [], (done.stdout, done.stderr)
     assert "using ~/gpu-env.sh's python3 (~/gpu-env.sh exists; the python3 on PATH has no torch)" in done.stderr
