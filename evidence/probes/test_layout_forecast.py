@@ -29,12 +29,12 @@ def test_it_sums_recorded_seconds_by_group_and_adds_the_time_outside_tests(tmp_p
 
 def test_it_groups_the_collected_tests_as_a_one_gpu_hopper_host_would():
     """Collected as on one SM90 GPU: the push kernel runs at EP1 only there, so its EP-invariance case stays with the
-    EP1 tests; a pull kernel's goes after the tests without a pool, and its other EP2 tests have a group of their own."""
+    EP1 tests; a pull kernel's goes with EP4 and up, and its other EP2 tests go after the tests without a pool."""
     from fixtures.scheduling import pool_order
 
     items = layout_forecast.collected(["-m", "sm90", "suites/conformance/test_ep.py"], hopper_gpus=1)
     same, idle = "suites/conformance/test_ep.py::test_same_global_problem_at_every_ep_size", "test_ranks_go_idle"
     push, pull = "sm90_fp8_fp8_bf16_push_cuda", "sm90_fp8_nvfp4_bf16_pull_cutedsl"
     assert items[f"{same}[{push}-EP1]"][0] == pool_order.EP1_GROUP
-    assert items[f"{same}[{pull}-EP1]"][0] == items[f"{same}[{pull}-EP2]"][0] == pool_order.OTHER_GROUP
-    assert items[f"suites/conformance/test_ep.py::{idle}_independently[{pull}-EP2-0]"][0] == pool_order.EP2_GROUP
+    assert items[f"{same}[{pull}-EP1]"][0] == items[f"{same}[{pull}-EP2]"][0] == pool_order.LARGER_EP_GROUP
+    assert items[f"suites/conformance/test_ep.py::{idle}_independently[{pull}-EP2-0]"][0] == pool_order.OTHER_GROUP

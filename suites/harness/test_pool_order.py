@@ -146,7 +146,6 @@ def _collected() -> list[_Collected]:
         _Collected("skipped EP4", _subject("reference-ep", 4), ["skip"]),
         _Collected("separate EP2", {"name": "faulty:rank_zeroed", "ep": 2}, ["rank_pool", "separate_pools"]),
         _Collected("reference EP8", _subject("reference-ep", 8)),
-        _Collected("baseline EP2", _subject("reference-ep", 2), ["ep_baseline"]),
     ]
 
 
@@ -162,16 +161,16 @@ def _keys(items) -> list:
         (dict(cores=2), root.pool_order, False),  # one process: each pool's tests together, EP1 first
         (dict(cores=16, gpu=True), root.pool_order, False),
         (dict(cores=2, worker="gw0", workers=2, loadgroup=True), root.worker_order, False),  # the CPU tier's workers
-        (dict(cores=16, gpu=True, worker="gw0", workers=4, loadgroup=True), root.pool_order, True),  # a GPU host's
+        (dict(cores=16, gpu=True, worker="gw0", workers=3, loadgroup=True), root.pool_order, True),  # a GPU host's
         (dict(cores=16, gpu=True, worker="gw0", workers=3, loadgroup=True, pinned=True), root.worker_order, False),
         (dict(cores=16, gpu=True, worker="gw0", workers=3), root.worker_order, False),  # --dist load: not grouped
     ],
 )
 def test_the_scheduler_orders_groups_and_plans_the_pools_by_host(monkeypatch, host, sort, grouped):
     """The order and xdist groups of the collected tests and the upcoming pools: a GPU host's workers under --dist
-    loadgroup (not pinned to a GPU each) group the rank-pool tests by EP size: EP1; EP2 with those on separate pools;
-    EP4 and up; the EP-invariance test at every EP size after the tests without a pool. Each worker's upcoming pools are
-    its group's from its first test of it, and a test without a pool starts its group's first pools beside it. Elsewhere each implementation (or module)
+    loadgroup (not pinned to a GPU each) group the rank-pool tests by EP size: EP1; EP4 and up; EP2 after the tests
+    without a pool, with those on separate pools; each worker's upcoming pools are its group's from its first test of
+    it, and a test without a pool starts its group's first pools beside it. Elsewhere each implementation (or module)
     is a group and the upcoming pools are every test's in order, none of a test marked skip."""
     from fixtures.scheduling.scheduler import Host, Scheduler
 
@@ -185,8 +184,7 @@ def test_the_scheduler_orders_groups_and_plans_the_pools_by_host(monkeypatch, ho
     if grouped:
         want = {label: root.LARGER_EP_GROUP for label in ("skipped EP4", "reference EP8")}
         want.update({"faulty EP1": root.EP1_GROUP, "reference EP1": root.EP1_GROUP})
-        want.update({k: root.EP2_GROUP for k in ("separate EP2", "reference EP2", "faulty EP2")})
-        want.update({k: root.OTHER_GROUP for k in ("other no pool", "baseline EP2")})
+        want.update({k: root.OTHER_GROUP for k in ("other no pool", "separate EP2", "reference EP2", "faulty EP2")})
         assert groups == want
     else:
         assert groups == {i.label: root.worker_order(i)[0] or i.module.__name__ for i in items}
@@ -195,14 +193,16 @@ def test_the_scheduler_orders_groups_and_plans_the_pools_by_host(monkeypatch, ho
     if not grouped:
         assert scheduler.upcoming == _keys(items) and not scheduler.by_group
         return
-    groups = (root.EP1_GROUP, root.EP2_GROUP, root.LARGER_EP_GROUP, root.OTHER_GROUP)
-    ep1, ep2, larger, other = ([i for i in items if i.group == g] for g in groups)
+    ep1, larger, other = (
+        [i for i in items if i.group == g] for g in (root.EP1_GROUP, root.LARGER_EP_GROUP, root.OTHER_GROUP)
+    )
     assert scheduler.upcoming == [] and scheduler.by_group == {
-        g: _keys(i) for g, i in zip(groups, (ep1, ep2, larger, other))
+        root.EP1_GROUP: _keys(ep1),
+        root.LARGER_EP_GROUP: _keys(larger),
+        root.OTHER_GROUP: _keys(other),
     }
-    assert [i.label for i in other] == ["other no pool", "baseline EP2"]  # no pool first
-    assert [i.label for i in ep2] == ["faulty EP2", "separate EP2", "reference EP2"]
-    assert _keys(other) and _keys(larger) and _keys(ep2)
+    assert [i.label for i in other] == ["other no pool", "faulty EP2", "separate EP2", "reference EP2"]  # no pool first
+    assert _keys(other) and _keys(larger)
     started = []
     scheduler.warm = {key: ("a warm-up case",) for keys in scheduler.by_group.values() for key in keys}
     scheduler._ahead = lambda key: started.append(key) or key  # the pools it would start, none started for real

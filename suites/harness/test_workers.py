@@ -19,14 +19,7 @@ from hypothesis import strategies as st
 from ci import cli
 from fixtures.scheduling import spread
 from fixtures.pools.host_threads import TORCH_DEFAULT, host_threads
-from fixtures.scheduling.pool_order import (
-    ALL_POOLS_GROUP,
-    EP1_GROUP,
-    EP2_GROUP,
-    LARGER_EP_GROUP,
-    OTHER_GROUP,
-    pool_group,
-)
+from fixtures.scheduling.pool_order import ALL_POOLS_GROUP, EP1_GROUP, LARGER_EP_GROUP, OTHER_GROUP, pool_group
 from fixtures.scheduling.scheduler import Host, Scheduler
 
 pytestmark = [pytest.mark.harness, pytest.mark.cpu]
@@ -39,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
         (2, False, 2),  # the CPU tier's machine: a worker per core
         (64, False, 2),  # at most CPU_MOST: more is unmeasured
         (1, False, 0),  # one core: one process
-        (16, True, 4),  # one H200 beside 16 cores: a worker per group (EP1, EP2, EP4 and up, no pool)
-        (128, True, 4),
+        (16, True, 3),  # one H200 beside 16 cores: EP1 pools, larger EP sizes' pools, tests without a pool
+        (128, True, 3),
         (4, True, 0),  # too few cores to start pools ahead: one process
     ],
 )
@@ -130,8 +123,8 @@ def test_the_suite_sets_multicast_off_unless_the_user_did(monkeypatch):
     [
         (None, False, None, 16, True, True, 1),  # one process on a GPU host: the next pools start ahead, none stays
         (None, False, None, 2, False, False, 2),  # the CPU tier in one process
-        (4, True, EP1_GROUP, 16, True, True, 1),  # ci/test.sh on an H200: the worker of a group of rank-pool tests
-        (4, True, None, 16, True, False, 1),  # ... and the other worker: none ahead (a harness test's pool is its own)
+        (3, True, EP1_GROUP, 16, True, True, 1),  # ci/test.sh on an H200: the worker of a group of rank-pool tests
+        (3, True, None, 16, True, False, 1),  # ... and the other worker: none ahead (a harness test's pool is its own)
         (3, False, None, 16, True, False, 1),  # rank-pool tests spread over workers on one H200: one pool, none ahead
         (1, False, None, 16, True, False, 1),
         (3, True, None, 16, False, False, 2),  # --dist loadgroup without a GPU: not grouped, a pool of each worker's
@@ -153,12 +146,12 @@ def test_pools_per_worker_and_ahead_by_host(monkeypatch, workers, loadgroup, own
 
 
 @pytest.mark.parametrize("pinned", [False, True])
-def test_on_a_gpu_host_each_group_of_tests_runs_on_a_worker_of_its_own(tmp_path, pinned):
-    """Workers of ``--dist loadgroup`` on a host that counts as a GPU host: the rank-pool tests at EP1 on one, in the
-    order one process runs them; those at EP2 on another; the tests without a pool on a third, and after them the
-    EP-invariance test at EP1 and EP2 (``ep_baseline``: EP2 is compared with EP1 in that process) (their records'
-    worker). Where the nightly pins a worker to each GPU (MOE_PIN_WORKER_GPU), each implementation's tests are a group,
-    as without a GPU."""
+def test_on_a_gpu_host_ep1_pools_larger_ep_sizes_and_the_rest_run_on_three_workers(tmp_path, pinned):
+    """Three workers of ``--dist loadgroup`` on a host that counts as a GPU host: the rank-pool tests at EP1 on one, in
+    the order one process runs them; the EP-invariance test at EP1 and EP2 on another (``ep_baseline``: EP2 is
+    compared with EP1 in that process), with EP4 and up; the tests without a pool on the third, and after them the
+    other rank-pool tests at EP2 (their records' worker). Where the nightly pins a worker to each GPU
+    (MOE_PIN_WORKER_GPU), each implementation's tests are a group, as without a GPU."""
     from fixtures.core.results import records
 
     plugins = "-p no:cacheprovider -p fixtures.plugin.options -p suites.harness.fake_gpu_host -n 3 --dist loadgroup -q"
@@ -179,9 +172,9 @@ def test_on_a_gpu_host_each_group_of_tests_runs_on_a_worker_of_its_own(tmp_path,
         want = [[("test_renormalize_by_hand", 0, "test_routing")], [(t, e, ref) for e in (1, 2) for t in (same, idle)]]
     else:
         want = [
-            [("test_renormalize_by_hand", 0, OTHER_GROUP), (same, 1, OTHER_GROUP), (same, 2, OTHER_GROUP)],
+            [("test_renormalize_by_hand", 0, OTHER_GROUP), (idle, 2, OTHER_GROUP)],
             [(idle, 1, EP1_GROUP)],
-            [(idle, 2, EP2_GROUP)],
+            [(same, 1, LARGER_EP_GROUP), (same, 2, LARGER_EP_GROUP)],
         ]
     assert sorted(by_worker.values()) == sorted(want), by_worker
 
@@ -205,7 +198,7 @@ class _Item:
         return name if name in self._marks else None
 
 
-BY_EP = (EP1_GROUP, EP2_GROUP, LARGER_EP_GROUP, LARGER_EP_GROUP, OTHER_GROUP, OTHER_GROUP, EP2_GROUP)
+BY_EP = (EP1_GROUP, OTHER_GROUP, LARGER_EP_GROUP, LARGER_EP_GROUP, LARGER_EP_GROUP, LARGER_EP_GROUP, OTHER_GROUP)
 BY_EP += (EP1_GROUP,)  # an EP1 baseline of an implementation that runs at EP1 only: no one's baseline
 
 
@@ -214,8 +207,8 @@ BY_EP += (EP1_GROUP,)  # an EP1 baseline of an implementation that runs at EP1 o
     [
         (None, BY_EP),  # model layers at EP1 (the default): the rank-pool tests by EP size
         ("1", BY_EP),
-        ("1,8", (ALL_POOLS_GROUP,) * 6 + (EP2_GROUP, ALL_POOLS_GROUP)),  # model layers at EP8 too: one worker
-        ("all", (ALL_POOLS_GROUP,) * 6 + (EP2_GROUP, ALL_POOLS_GROUP)),  # the nightly profile's every EP size
+        ("1,8", (ALL_POOLS_GROUP,) * 6 + (OTHER_GROUP, ALL_POOLS_GROUP)),  # model layers at EP8 too: one worker
+        ("all", (ALL_POOLS_GROUP,) * 6 + (OTHER_GROUP, ALL_POOLS_GROUP)),  # the nightly profile's every EP size
     ],
 )
 def test_rank_pool_tests_spread_by_ep_size_only_where_model_layers_are_at_ep1(monkeypatch, model_ep, groups):
