@@ -44,8 +44,10 @@ BAD_INPUTS_AND_FAILURE_REPORTS = _DEC05 + "bad-inputs-and-failure-reports.md"  #
 SM90_H100_ORACLE_MEMORY = _DEC05 + "sm90-h100-oracle-memory.md"  # -m sm90 on an H100: the oracle out of memory
 SM90_H200_OVER_TEN_MINUTES = _DEC05 + "sm90-h200-green-over-ten-minutes.md"  # -m sm90 green, forecast counts, 633 s
 SETUP_AND_REPRODUCTION = _DEC05 + "setup-and-reproduction-reviews.md"  # set-up, reproductions; the CPU tier
+SM90_H100_FOUR_WORKERS = _DEC05 + "sm90-h100-four-workers-slower.md"  # one H100: four workers 706 s, three 581 s
 
 LOGS = (
+    SM90_H100_FOUR_WORKERS,
     SETUP_AND_REPRODUCTION,
     SM90_H200_OVER_TEN_MINUTES,
     SM90_H100_ORACLE_MEMORY,
