@@ -8,13 +8,14 @@ import random
 import pytest
 import torch
 
-from fixtures.core.checks import check_oracle
+from fixtures.core.checks import ConformanceFailure, check_oracle
 from fixtures.core.compare import compare
 from fixtures.pools.inprocess import launched_by_torchrun
 from fixtures.core.geometries import single_tile_layer, multi_tile_layer
 from fixtures.core.problem import BatchCase, Scenario
 from fixtures.core.selection import ep_skip_reason
 from fixtures.core.strategies import masked_pattern
+from fixtures.core.verdict import pytest_line
 
 pytestmark = pytest.mark.ep
 
@@ -53,7 +54,7 @@ def _ep1_alone(subject) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.ep_baseline  # its EP1 case must run in the process of its larger EP sizes (fixtures.scheduling.pool_order.pool_group)
-def test_same_global_problem_at_every_ep_size(subject):
+def test_same_global_problem_at_every_ep_size(subject, request):
     """EP-size invariance: the global output does not depend on how experts and tokens are split. Each EP
     size runs the same global problem (held to the recipe by the oracle) and is compared with EP1's output:
     bitwise for implementations whose tolerance is bitwise (reference-ep: each route is computed on the same
@@ -62,7 +63,8 @@ def test_same_global_problem_at_every_ep_size(subject):
     contract = subject.contract
     if (8 * min(8, contract.max_tokens_per_rank)) % subject.ep_size:
         pytest.skip(f"the 64-token problem does not split evenly over EP{subject.ep_size}")
-    run = check_oracle(subject, _invariance_scenario(contract, subject.ep_size))
+    scenario = _invariance_scenario(contract, subject.ep_size)
+    run = check_oracle(subject, scenario)
     out = torch.cat(run.outputs[0])
     if subject.ep_size == 1:
         _AT_EP1[subject.name] = (out, run.expected[0].term_magnitude)
@@ -76,9 +78,22 @@ def test_same_global_problem_at_every_ep_size(subject):
         )
     base, mag = _AT_EP1[subject.name]  # the term magnitude is per route, so the same at every EP size
     verdict = compare(out, base, mag, contract.regrouped_tolerance)
-    assert verdict.ok, (
-        f"[ep-invariance] {subject.name}: EP{subject.ep_size} differs from EP1 on the same global "
-        f"problem: {'; '.join(verdict.violations)}"
+    if not verdict.ok:
+        _fail_invariance(subject, scenario, request.node.nodeid, "; ".join(verdict.violations))
+
+
+def _fail_invariance(subject, scenario: Scenario, nodeid: str, violations: str) -> None:
+    """Fail the EP-invariance test with its reproduction: its EP1 case, then this one, in one pytest process (the
+    comparison needs both there). A check's failure: the test's boundary records it (fixtures.plugin.triage)."""
+    case = nodeid[: nodeid.rindex("]") + 1]  # without the "@<group>" pytest-xdist may append
+    stem = case.removesuffix(f"-EP{subject.ep_size}]")
+    line = pytest_line([f"{stem}-EP1]", case], ["--impl", subject.name, "--ep", f"1,{subject.ep_size}"])
+    raise ConformanceFailure(
+        f"[ep-invariance] {subject.name}: EP{subject.ep_size} differs from EP1 on the same global problem: "
+        f"{violations}\n  reproduce: {line}",
+        check="ep-invariance",
+        subject=subject,
+        scenario=scenario,
     )
 
 

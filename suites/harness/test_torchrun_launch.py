@@ -89,6 +89,31 @@ def test_ep_invariance_is_compared_with_ep1_on_each_rank(launch):
         assert f"[oracle] {SCALED}" not in lines
 
 
+def test_an_ep_invariance_failure_is_recorded_and_its_reproduction_fails_again(launch, tmp_path):
+    """The failure's ``reproduce:`` line (its EP1 case, then the EP2 case, in one pytest process without torchrun) is
+    in its record and its report; run as printed, it fails again with the same verdict and prints itself."""
+    result, out = launch
+    (record,) = [r for r in results.records(out / "results", "failures") if r["check"] == "ep-invariance"]
+    assert record["impl"] == SCALED and record["ep"] == 2, record
+    line = record["reproduce"]
+    assert line in _rank_lines(result, 0), result.stdout[-3000:]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MOE_POOL_", "PYTEST_", "MOE_RESULTS_DIR"))}
+    again = subprocess.run(
+        ["bash", "-c", f"{line} -p no:cacheprovider --results-dir {tmp_path}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-2000:]
+    first = record["message"].splitlines()[0]
+    assert first.split(": relative L2")[0] in again.stdout and "1 failed, 1 passed" in again.stdout, again.stdout[
+        -3000:
+    ]
+    assert f"reproduce: {line}" in again.stdout
+
+
 def test_a_stuck_rank_is_named_by_rank_case_and_phase(tmp_path):
     # MOE_JIT_TIMEOUT also bounds how long the other ranks wait at exit for the stuck one
     env = {"MOE_COLLECTIVE_TIMEOUT": "3", "MOE_JIT_TIMEOUT": "10", "TORCHRUN_PROBE_HANG": "1"}
