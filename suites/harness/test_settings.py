@@ -71,21 +71,28 @@ def test_unset_or_empty_is_the_default(name):
 def test_the_options_plugin_turns_an_invalid_value_into_a_usage_error(monkeypatch):
     monkeypatch.setenv("MOE_CASE_TIMEOUT", "abc")
     with pytest.raises(pytest.UsageError, match=r"^MOE_CASE_TIMEOUT='abc': expected seconds"):
-        options.pytest_load_initial_conftests(
-            SimpleNamespace(known_args_namespace=SimpleNamespace(help=False)), None, []
-        )
+        options.before_conftests(SimpleNamespace(known_args_namespace=SimpleNamespace(help=False)), [])
 
 
-def test_an_invalid_value_stops_ci_test_sh_with_one_line():
-    """The README's command with a bad value: one line naming the variable, no traceback, not exit 0."""
-    env, argv = {**os.environ, "MOE_CASE_TIMEOUT": "abc"}, ["bash", "ci/test.sh", "--collect-only", "-q"]
+@pytest.mark.parametrize(
+    "variables, argument, named",
+    [
+        ({"MOE_CASE_TIMEOUT": "abc"}, "-q", "MOE_CASE_TIMEOUT"),
+        ({}, "--bogus-option", "unrecognized arguments: --bogus"),
+    ],
+    ids=["setting", "option"],
+)
+def test_a_bad_value_or_option_stops_ci_test_sh_with_one_line(variables, argument, named):
+    """The README's command with a bad value or an option pytest does not know: one line naming it, no traceback, no
+    pytest usage block, exit 4."""
+    env, argv = {**os.environ, **variables}, ["bash", "ci/test.sh", "--collect-only", argument]
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     # ci/setup.sh's own line (which Python it chose, and why) comes first
     lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
     setup = [line for line in lines if line.startswith("ci/setup.sh: ")]
     lines = [line for line in lines if line not in setup]
-    assert done.returncode != 0 and "Traceback" not in done.stdout + done.stderr, (done.returncode, lines)
-    assert len(lines) == 1 and "MOE_CASE_TIMEOUT" in lines[0], lines
+    assert done.returncode == 4 and "Traceback" not in done.stdout + done.stderr, (done.returncode, lines)
+    assert len(lines) == 1 and named in lines[0], lines
 
 
 @pytest.mark.parametrize(
