@@ -15,7 +15,7 @@ from fixtures.core.geometries import single_tile_layer, multi_tile_layer
 from fixtures.core.problem import BatchCase, Scenario
 from fixtures.core.selection import ep_skip_reason
 from fixtures.core.strategies import masked_pattern
-from fixtures.core.verdict import pytest_line
+from fixtures.core.verdict import ep_case, pytest_line
 
 pytestmark = pytest.mark.ep
 
@@ -85,9 +85,8 @@ def test_same_global_problem_at_every_ep_size(subject, request):
 def _fail_invariance(subject, scenario: Scenario, nodeid: str, violations: str) -> None:
     """Fail the EP-invariance test with its reproduction: its EP1 case, then this one, in one pytest process (the
     comparison needs both there). A check's failure: the test's boundary records it (fixtures.plugin.triage)."""
-    case = nodeid[: nodeid.rindex("]") + 1]  # without the "@<group>" pytest-xdist may append
-    stem = case.removesuffix(f"-EP{subject.ep_size}]")
-    line = pytest_line([f"{stem}-EP1]", case], ["--impl", subject.name, "--ep", f"1,{subject.ep_size}"])
+    n = subject.ep_size
+    line = pytest_line([ep_case(nodeid, n, 1), ep_case(nodeid, n, n)], ["--impl", subject.name, "--ep", f"1,{n}"])
     raise ConformanceFailure(
         f"[ep-invariance] {subject.name}: EP{subject.ep_size} differs from EP1 on the same global problem: "
         f"{violations}\n  reproduce: {line}",

@@ -33,3 +33,15 @@ def test_each_per_rank_comparison_names_that_ranks_global_rows(monkeypatch):
         run_checks(subject, scenario, 5, [name])
         seen[name] = sorted(set(offsets))
     assert seen == {name: [0, 2] for name in PER_RANK_CHECKS}, seen
+
+
+def test_the_ep_invariance_reproduction_names_both_cases_without_an_xdist_group():
+    """The EP-invariance failure's reproduction runs the same test at EP1 and at the failing EP size: both node ids
+    come from the failing one, an implementation name with brackets kept, the "@<group>" pytest-xdist may append
+    dropped."""
+    from fixtures.core.verdict import ep_case
+
+    impl = "faulty:one_rank_scale@reference-ep[sm90_pull_fp8_blockwise]"
+    test = f"suites/conformance/test_ep.py::test_same_global_problem_at_every_ep_size[{impl}-EP4]"
+    for nodeid in (test, f"{test}@{impl}"):
+        assert ep_case(nodeid, 4, 1) == test.replace("-EP4]", "-EP1]") and ep_case(nodeid, 4, 4) == test

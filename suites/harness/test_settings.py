@@ -121,6 +121,11 @@ class _Config:
         return self.given.get(name, default)
 
 
+def raising_factory():
+    """An implementation factory that raises (``--impl suites.harness.test_settings:raising_factory``)."""
+    raise RuntimeError("no kernel here")
+
+
 def _usage_error(monkeypatch, **given) -> str:
     monkeypatch.delenv("MOE_CONFORMANCE_IMPL", raising=False)
     monkeypatch.delenv("MOE_CONFORMANCE_EP", raising=False)
@@ -145,7 +150,11 @@ def _usage_error(monkeypatch, **given) -> str:
         ({"--impl": [","]}, "--impl: names no implementation", ["reference-ep"]),
         ({"--ep": ""}, "--ep '': expected EP sizes", []),
         ({"--hypothesis-profile": "default"}, "--hypothesis-profile 'default'", list(settings.PROFILE_NAMES)),
-        ({"--impl": ["os:wait"]}, "--impl: os:wait: its factory raised ChildProcessError", []),
+        (
+            {"--impl": [f"{__name__}:raising_factory"]},
+            f"--impl: {__name__}:raising_factory: its factory raised RuntimeError",
+            [],
+        ),
         ({"--impl": ["sys:exit"]}, "--impl: sys:exit: its factory raised SystemExit", []),
         (
             {"--impl": ["sm90_fp8_fp8_bf16_push_cuda+nope=1"]},
