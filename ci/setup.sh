@@ -85,7 +85,6 @@ elif [ -n "${MOE_PYTHON:-}" ]; then
     fi
     exit "$INPUT"
   fi
-  python_ok "MOE_PYTHON=$MOE_PYTHON" "$info"
   mode=active why="MOE_PYTHON=$MOE_PYTHON"
 else
   info="$(probe python3)"
@@ -104,7 +103,8 @@ else
 fi
 if [ "$mode" = active ]; then
   py="$(field python "$info")"
-  python_ok "$py" "$info"
+  named="${MOE_PYTHON:+MOE_PYTHON=$MOE_PYTHON}"  # the variable where it chose this Python
+  python_ok "${named:-$py}" "$info"
   say "testing $py ($why): its torch and FlashInfer as installed"
   # its own exit code: 4 (this Python has no pip to add the missing requirements with) or 6 (pip could not add them)
   "$py" "$root/ci/active_python.py" prepare "$root" >&2 || exit $?

@@ -88,7 +88,7 @@ def _fail_invariance(subject, scenario: Scenario, nodeid: str, violations: str) 
     n = subject.ep_size
     line = pytest_line([ep_case(nodeid, n, 1), ep_case(nodeid, n, n)], ["--impl", subject.name, "--ep", f"1,{n}"])
     raise ConformanceFailure(
-        f"[ep-invariance] {subject.name}: EP{subject.ep_size} differs from EP1 on the same global problem: "
+        f"[ep-invariance] {subject.name}: EP{n} differs from EP1 on the same global problem: "
         f"{violations}\n  reproduce: {line}",
         check="ep-invariance",
         subject=subject,
