@@ -45,8 +45,10 @@ SM90_H100_ORACLE_MEMORY = _DEC05 + "sm90-h100-oracle-memory.md"  # -m sm90 on an
 SM90_H200_OVER_TEN_MINUTES = _DEC05 + "sm90-h200-green-over-ten-minutes.md"  # -m sm90 green, forecast counts, 633 s
 SETUP_AND_REPRODUCTION = _DEC05 + "setup-and-reproduction-reviews.md"  # set-up, reproductions; the CPU tier
 SM90_H100_FOUR_WORKERS = _DEC05 + "sm90-h100-four-workers-slower.md"  # one H100: four workers 706 s, three 581 s
+DRAWS_WITHOUT_LOCAL_CONSTANTS = _DEC05 + "draws-without-local-constants.md"  # draws free of the modules loaded
 
 LOGS = (
+    DRAWS_WITHOUT_LOCAL_CONSTANTS,
     SM90_H100_FOUR_WORKERS,
     SETUP_AND_REPRODUCTION,
     SM90_H200_OVER_TEN_MINUTES,

@@ -111,7 +111,9 @@ def _draw(contract, ep: int, examples: int) -> list:
 
 def measure() -> list[dict]:
     from fixtures.core.implementation import load
+    from fixtures.core.profiles import without_local_constants
 
+    without_local_constants()  # as the suite draws (fixtures.core.profiles)
     contract = load("reference-ep").contract
     ci = {ep: _draw(contract, ep, CI_EXAMPLES) for ep in EP_SIZES}
     many = _draw(contract, 2, ESTIMATE_EXAMPLES)
