@@ -17,6 +17,7 @@ from fixtures.core.geometries import fixed_layers, multi_tile_layer
 from fixtures.core.problem import BatchCase, LayerCase, Scenario, make_batch, make_weights
 from fixtures.core.runner import Subject
 from fixtures.core.implementation import load
+from suites.meta.fault_search import first_catch, search_settings
 from fixtures.backends.faulty import one_expert_weights, resolution_faults, uniform_scale
 from fixtures.settings import LEDGER_GAPS
 from fixtures.core.selection import ep_skip_reason, implementations_of, ledger_gaps_searched
@@ -222,11 +223,7 @@ def ledger_param(name: str, row):
 @pytest.mark.separate_pools
 @pytest.mark.parametrize("name, ep, row", [ledger_param(n, r) for n in SM90 for r in _ledger_rows()])
 def test_ledger_fault_around_a_real_layer_is_caught(name, ep, row):
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import strategies as st
-
-    from fixtures.core.checks import CHECKS, run_checks
-    from fixtures.plugin.triage import find_failure
+    from fixtures.core.checks import CHECKS
     from fixtures.core.strategies import scenarios
 
     if row.fault in REFERENCE_ONLY:
@@ -237,28 +234,10 @@ def test_ledger_fault_around_a_real_layer_is_caught(name, ep, row):
     why = CHECKS[row.check].applies(subject.contract, ep) if row.check in CHECKS else "not a layer check"
     if why:
         pytest.skip(f"{row.id}: check {row.check} {why}")
-    layers = fixed_layers(subject.contract, ep)
-    caught = []
-
-    @settings(
-        deadline=None,
-        phases=[Phase.explicit, Phase.generate],
-        report_multiple_bugs=False,
-        suppress_health_check=list(HealthCheck),
-    )
-    @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
-    def search(data, seed):
-        scenario = data.draw(
-            scenarios(subject.contract, ep, layers=layers, max_batches=1 if CHECKS[row.check].single_batch else 3)
-        )
-        run_checks(subject, scenario, seed, [row.check])
-
-    try:
-        search()
-    except Exception as err:  # noqa: BLE001 (hypothesis may wrap the failure: find_failure unwraps it)
-        if find_failure(err) is None:
-            raise
-        caught.append(find_failure(err))
+    single = CHECKS[row.check].single_batch
+    cases = scenarios(subject.contract, ep, layers=fixed_layers(subject.contract, ep), max_batches=1 if single else 3)
+    failure, _ = first_catch(subject, cases, [row.check], search_settings())
+    caught = [failure] if failure is not None else []
     if not caught:
         pytest.fail(f"GPU: ledger row {row.id}: fault {row.fault} around {name} passed {row.check} on every drawn case")
     line = f"GPU ledger row {row.id}: fault {row.fault} around {name}: caught: {str(caught[0]).splitlines()[0][:300]}"

@@ -17,18 +17,15 @@ import re
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from fixtures.backends import bug_ledger
 from fixtures.core import results
 from fixtures.backends.faulty import DEFAULT_INNER, FAULTS
-from fixtures.core.checks import CHECKS, ConformanceFailure, run_checks, triage
-from fixtures.plugin.triage import find_failure
+from fixtures.core.checks import CHECKS, ConformanceFailure, triage
 from fixtures.core.implementation import load
 from fixtures.core.runner import Subject
 from fixtures.core.strategies import scenarios
-from suites.meta.fault_search import search_settings
+from suites.meta.fault_search import first_catch, search_settings
 
 pytestmark = [pytest.mark.meta, pytest.mark.cpu]
 
@@ -39,40 +36,16 @@ SMALL = dict(max_hidden=96, max_experts=16, max_tokens_per_rank=40)  # small lay
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _find_failure(exc: Exception) -> ConformanceFailure | None:
-    """The check's failure inside whatever hypothesis raised (it may wrap it in a group), judged as at a test's
-    boundary (fixtures.core.checks.triage: a failure on a layer with a history is rerun on a fresh layer)."""
-    failure = find_failure(exc)
-    return None if failure is None else triage(failure)
-
-
-def _names(check: str) -> list[str]:
-    return [check]
-
-
 def _search(spec: str, check: str, examples: int) -> tuple[ConformanceFailure | None, int]:
-    """Drawn small scenarios through ``check`` on ``spec`` until one fails: the failure (None: none did) and how many
-    examples ran."""
+    """Drawn small scenarios through ``check`` on ``spec`` until one fails: the failure, judged as at a test's boundary
+    (fixtures.core.checks.triage: a failure on a layer with a history is rerun on a fresh layer; None: none failed),
+    and how many examples ran."""
     impl = load(spec)
     subject = Subject(spec, impl, LEDGER_EP)
     contract = dataclasses.replace(impl.contract, **SMALL)
-    single = CHECKS[check].single_batch
-    ran = []
-
-    @search_settings(examples)
-    @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
-    def search(data, seed):
-        ran.append(1)
-        run_checks(subject, data.draw(scenarios(contract, LEDGER_EP, max_batches=1 if single else 3)), seed, [check])
-
-    try:
-        search()
-    except Exception as exc:  # hypothesis may wrap the failure (a group)
-        failure = _find_failure(exc)
-        if failure is None:
-            raise
-        return failure, len(ran)
-    return None, len(ran)
+    cases = scenarios(contract, LEDGER_EP, max_batches=1 if CHECKS[check].single_batch else 3)
+    failure, ran = first_catch(subject, cases, [check], search_settings(examples))
+    return (None if failure is None else triage(failure)), ran
 
 
 def _accepted(check: str) -> set[str]:

@@ -17,13 +17,12 @@ from hypothesis import strategies as st
 from ci import repro
 from fixtures.core import results
 from fixtures.core.checks import CHECKS, ConformanceFailure, run_checks, triage, suite_python
-from fixtures.plugin.triage import find_failure
 from fixtures.core.implementation import load
 from fixtures.backends.faulty import FAULTS, LEDGER_FAULTS, SCALE_SIZE, resolution_faults
 from reference.recipes import ALL_RECIPES
 from fixtures.core.strategies import scenarios
 from fixtures.core.runner import Subject
-from suites.meta.fault_search import search_settings
+from suites.meta.fault_search import first_catch, search_settings
 
 pytestmark = [pytest.mark.meta, pytest.mark.cpu]
 
@@ -31,35 +30,19 @@ META_EP = 2  # two ranks: rank-local faults and cross-rank routing both show
 MAX_EXAMPLES = 60
 
 
-def _find_failure(exc: Exception) -> ConformanceFailure | None:
-    """The check's failure inside whatever hypothesis raised (it may wrap it in a group), judged as at a test's
-    boundary (fixtures.core.checks.triage: a failure on a layer with a history is rerun on a fresh layer)."""
-    failure = find_failure(exc)
-    return None if failure is None else triage(failure)
-
-
 def _search(fault: str, names=None, inner: str = "") -> tuple[ConformanceFailure, int]:
-    """Drawn scenarios through the checks ``names`` (default: all) until one fails; the failure and how many
-    examples it took. ``inner``: the implementation the fault wraps (default reference-ep)."""
+    """Drawn scenarios through the checks ``names`` (default: all) until one fails; the failure, judged as at a test's
+    boundary (fixtures.core.checks.triage: a failure on a layer with a history is rerun on a fresh layer), and how
+    many examples it took. ``inner``: the implementation the fault wraps (default reference-ep)."""
     spec = f"faulty:{fault}" + (f"@{inner}" if inner else "")
     subject = Subject(spec, load(spec), META_EP)
-    examples = []
     single = names is not None and all(CHECKS[n].single_batch for n in names)
-
-    @search_settings(MAX_EXAMPLES)
-    @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
-    def generic_checks(data, seed):
-        examples.append(1)
-        scenario = data.draw(scenarios(subject.contract, META_EP, max_batches=1 if single else 3))
-        run_checks(subject, scenario, seed, names)
-
-    with pytest.raises(Exception) as info:
-        generic_checks()
-    failure = _find_failure(info.value)
+    cases = scenarios(subject.contract, META_EP, max_batches=1 if single else 3)
+    failure, examples = first_catch(subject, cases, names, search_settings(MAX_EXAMPLES))
     assert failure is not None, (
-        f"{fault} ({FAULTS[fault]}) was not caught by {names or 'a conformance check'}: {info.value!r}"
+        f"{fault} ({FAULTS[fault]}) was not caught by {names or 'a conformance check'} in {examples} drawn examples"
     )
-    return failure, len(examples)
+    return triage(failure), examples
 
 
 # Each check alone, against a fault it is there to catch: its own printed reproduction must fail again.
