@@ -54,6 +54,7 @@ def _ep1_alone(subject) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.ep_baseline  # its EP1 case must run in the process of its larger EP sizes (fixtures.scheduling.pool_order.pool_group)
+@pytest.mark.uses_layers("multi_tile")  # _invariance_scenario: the pools its EP1 and EP2 cases start warm only that
 def test_same_global_problem_at_every_ep_size(subject, request):
     """EP-size invariance: the global output does not depend on how experts and tokens are split. Each EP
     size runs the same global problem (held to the recipe by the oracle) and is compared with EP1's output:

@@ -123,9 +123,10 @@ def test_a_wrapped_or_configured_spec_keeps_its_backends_gpu_tests(given):
 class _Collected(_Item):
     """A collected test as the scheduler reads and marks it."""
 
-    def __init__(self, label, params, marks=()):
+    def __init__(self, label, params, marks=(), layers=None):
         super().__init__(label, params, marks)
         self.module, self.group = SimpleNamespace(__name__=f"suites.test_{label.split()[0]}"), None
+        self.layers = layers  # the fixed layers its uses_layers marker names (None: no marker)
 
     def add_marker(self, mark):
         self.group = mark.args[0]
@@ -133,6 +134,8 @@ class _Collected(_Item):
     def get_closest_marker(self, name):
         if name == "xdist_group":
             return pytest.mark.xdist_group(self.group).mark if self.group else None
+        if name == "uses_layers":
+            return None if self.layers is None else pytest.mark.uses_layers(*self.layers).mark
         return super().get_closest_marker(name)
 
 
@@ -204,7 +207,7 @@ def test_the_scheduler_orders_groups_and_plans_the_pools_by_host(monkeypatch, ho
     assert [i.label for i in other] == ["other no pool", "faulty EP2", "separate EP2", "reference EP2"]  # no pool first
     assert _keys(other) and _keys(larger)
     started = []
-    scheduler.warm = {key: ("a warm-up case",) for keys in scheduler.by_group.values() for key in keys}
+    scheduler.warm_by_group = {g: {key: ("a warm-up case",) for key in keys} for g, keys in scheduler.by_group.items()}
     scheduler._ahead = lambda key: started.append(key) or key  # the pools it would start, none started for real
     scheduler.entering(ep1[0])  # a test on a pool: the group is this worker's, its pool starts when the test asks
     assert scheduler.owned == root.EP1_GROUP and scheduler.upcoming == _keys(ep1) and scheduler.prefetch_enabled()
@@ -212,3 +215,51 @@ def test_the_scheduler_orders_groups_and_plans_the_pools_by_host(monkeypatch, ho
     scheduler.entering(other[0])  # a test without a pool: its group's first pools start beside it
     assert scheduler.owned == root.OTHER_GROUP and scheduler.upcoming == _keys(other) and started == _keys(other)
     scheduler.pools.clear()
+
+
+GPU_SPEC = "sm90_bf16_bf16_bf16_pull_cutedsl"  # a GPU subject: its pools warm by default (only its contract is read)
+
+
+def test_a_pool_warms_the_fixed_layers_its_groups_tests_use(monkeypatch):
+    """In a GPU host's grouped run a pool started ahead warms the fixed layers the tests of the group that starts it
+    use: only those a ``uses_layers`` marker names where every such test names them (the EP-invariance test's pools
+    at EP1 and EP2 beside the EP4 and EP8 tests), every one where a test names none; in one process, every one its
+    tests use across the groups."""
+    import dataclasses
+
+    from fixtures.core.geometries import fixed_layers
+    from fixtures.core.problem import Scenario
+    from fixtures.scheduling import warmup
+    from fixtures.scheduling.scheduler import Host, Scheduler
+
+    for name in ("MOE_MODEL_EP", "MOE_POOL_PREFETCH", "MOE_POOL_WARMUP"):
+        monkeypatch.delenv(name, raising=False)
+    contract = load(GPU_SPEC).contract
+
+    def planned(host) -> Scheduler:
+        items = [
+            _Collected("EP1 any", _subject(GPU_SPEC, 1)),
+            _Collected("EP4 multi", _subject(GPU_SPEC, 4), layers=("multi_tile",)),
+            _Collected("EP8 any", _subject(GPU_SPEC, 8)),  # before a test of the same pool that names one: a union
+            _Collected("EP8 multi", _subject(GPU_SPEC, 8), layers=("multi_tile",)),
+        ]
+        scheduler = Scheduler(host)
+        scheduler.order(items)
+        scheduler.plan(items)
+        return scheduler
+
+    def warmed(scheduler) -> dict:
+        """EP size -> the layers its pool's warm-up cases build."""
+        return {k.world_size: [Scenario.from_json(c["scenario"]).layer for c in v] for k, v in scheduler.warm.items()}
+
+    def layers(ep, names=None) -> list:
+        return [dataclasses.replace(x, weight_seed=warmup.WARM_SEED) for x in fixed_layers(contract, ep, names)]
+
+    grouped = planned(Host(cores=16, gpu=True, worker="gw1", workers=3, loadgroup=True))
+    grouped.owns(root.LARGER_EP_GROUP)
+    assert warmed(grouped) == {4: layers(4, {"multi_tile"}), 8: layers(8)}
+    grouped.owns(root.EP1_GROUP)
+    assert warmed(grouped) == {1: layers(1)}
+    assert warmed(planned(Host(cores=16, gpu=True))) == {1: layers(1), 4: layers(4, {"multi_tile"}), 8: layers(8)}
+    with pytest.raises(pytest.UsageError, match=r"uses_layers names \['wide'\]; it takes one or more of single_tile"):
+        root.layers_used(_Collected("bad", _subject(GPU_SPEC, 1), layers=("wide",)))
