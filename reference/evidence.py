@@ -46,8 +46,10 @@ SM90_H200_OVER_TEN_MINUTES = _DEC05 + "sm90-h200-green-over-ten-minutes.md"  # -
 SETUP_AND_REPRODUCTION = _DEC05 + "setup-and-reproduction-reviews.md"  # set-up, reproductions; the CPU tier
 SM90_H100_FOUR_WORKERS = _DEC05 + "sm90-h100-four-workers-slower.md"  # one H100: four workers 706 s, three 581 s
 DRAWS_WITHOUT_LOCAL_CONSTANTS = _DEC05 + "draws-without-local-constants.md"  # draws free of the modules loaded
+SM90_LEDGER_REDRAWN = _DEC05 + "sm90-h100-ledger-redrawn.md"  # -m sm90 in 508 s on a fresh H100; the ledger redrawn
 
 LOGS = (
+    SM90_LEDGER_REDRAWN,
     DRAWS_WITHOUT_LOCAL_CONSTANTS,
     SM90_H100_FOUR_WORKERS,
     SETUP_AND_REPRODUCTION,
@@ -94,7 +96,9 @@ RAW_NIGHTLY_GREEN = _raw(_DEC02, "nightly-green")  # the nightly's folder: repor
 RAW_RESTRUCTURE_UNCHANGED = _raw(_DEC02, "restructure-unchanged")  # bash ci/test.sh -m sm90 after the restructuring
 RAW_SM90_LAYERED_TREE = _raw(_DEC05, "sm90-layered-tree")  # ledger-matrix.json: each (ledger row, kernel) outcome
 RAW_SM90_SEPARATE_POOLS = _raw(_DEC05, "sm90-separate-pools")  # ledger-matrix.json, sweep.jsonl (F20)
+RAW_SM90_LEDGER_REDRAWN = _raw(_DEC05, "sm90-h100-ledger-redrawn")  # ledger-matrix.json under today's draws
 RAW = (
+    RAW_SM90_LEDGER_REDRAWN,
     RAW_SM90_SEPARATE_POOLS,
     RAW_FLASHINFER_074_CALIBRATION,
     RAW_GREEN_FLOORS_HELD,
