@@ -219,28 +219,40 @@ def ledger_param(name: str, row):
     return pytest.param(name, _ledger_ep(name), row, id=f"{name}-{row.id}", marks=marks)
 
 
+def ledger_subject(name: str, row) -> Subject:
+    """The row's fault wrapped around kernel ``name``, at the EP size its search runs (:func:`_ledger_ep`)."""
+    spec = f"faulty:{row.fault}@{name}"
+    return Subject(spec, load(spec), _ledger_ep(name))
+
+
+def ledger_cases(subject: Subject, check: str):
+    """What the ledger's search draws around a real layer: the kernel's fixed layers (no new kernel shape) at the
+    subject's EP size, one batch a case where the row's check needs only one."""
+    from fixtures.core.checks import CHECKS
+    from fixtures.core.strategies import scenarios
+
+    single = CHECKS[check].single_batch
+    contract, ep = subject.contract, subject.ep_size
+    return scenarios(contract, ep, layers=fixed_layers(contract, ep), max_batches=1 if single else 3)
+
+
 @pytest.mark.rank_pool
 @pytest.mark.separate_pools
 @pytest.mark.parametrize("name, ep, row", [ledger_param(n, r) for n in SM90 for r in _ledger_rows()])
 def test_ledger_fault_around_a_real_layer_is_caught(name, ep, row):
     from fixtures.core.checks import CHECKS
-    from fixtures.core.strategies import scenarios
 
     if row.fault in REFERENCE_ONLY:
         pytest.skip(f"{row.id}: fault {row.fault} is {REFERENCE_ONLY[row.fault]}")
     _layer(name)  # skips where the kernel does not run at EP1
-    spec = f"faulty:{row.fault}@{name}"
-    subject = Subject(spec, load(spec), ep)
+    subject = ledger_subject(name, row)
     why = CHECKS[row.check].applies(subject.contract, ep) if row.check in CHECKS else "not a layer check"
     if why:
         pytest.skip(f"{row.id}: check {row.check} {why}")
-    single = CHECKS[row.check].single_batch
-    cases = scenarios(subject.contract, ep, layers=fixed_layers(subject.contract, ep), max_batches=1 if single else 3)
-    failure, _ = first_catch(subject, cases, [row.check], search_settings())
-    caught = [failure] if failure is not None else []
-    if not caught:
+    failure, _ = first_catch(subject, ledger_cases(subject, row.check), [row.check], search_settings())
+    if failure is None:
         pytest.fail(f"GPU: ledger row {row.id}: fault {row.fault} around {name} passed {row.check} on every drawn case")
-    line = f"GPU ledger row {row.id}: fault {row.fault} around {name}: caught: {str(caught[0]).splitlines()[0][:300]}"
+    line = f"GPU ledger row {row.id}: fault {row.fault} around {name}: caught: {str(failure).splitlines()[0][:300]}"
     results.summary(line)
     print(line)
 

@@ -127,6 +127,7 @@ class _Collected(_Item):
         super().__init__(label, params, marks)
         self.module, self.group = SimpleNamespace(__name__=f"suites.test_{label.split()[0]}"), None
         self.layers = layers  # the fixed layers its uses_layers marker names (None: no marker)
+        self.config = SimpleNamespace(getoption=lambda name: None)  # --ep: the default sizes
 
     def add_marker(self, mark):
         self.group = mark.args[0]
@@ -239,6 +240,8 @@ def test_a_pool_warms_the_fixed_layers_its_groups_tests_use(monkeypatch):
     def planned(host) -> Scheduler:
         items = [
             _Collected("EP1 any", _subject(GPU_SPEC, 1)),
+            # the EP-invariance test's EP1 case: its pool is the EP1 tests' too, in the larger sizes' group
+            _Collected("EP1 baseline", _subject(GPU_SPEC, 1), ["ep_baseline"], layers=("multi_tile",)),
             _Collected("EP4 multi", _subject(GPU_SPEC, 4), layers=("multi_tile",)),
             _Collected("EP8 any", _subject(GPU_SPEC, 8)),  # before a test of the same pool that names one: a union
             _Collected("EP8 multi", _subject(GPU_SPEC, 8), layers=("multi_tile",)),
@@ -257,9 +260,11 @@ def test_a_pool_warms_the_fixed_layers_its_groups_tests_use(monkeypatch):
 
     grouped = planned(Host(cores=16, gpu=True, worker="gw1", workers=3, loadgroup=True))
     grouped.owns(root.LARGER_EP_GROUP)
-    assert warmed(grouped) == {4: layers(4, {"multi_tile"}), 8: layers(8)}
-    grouped.owns(root.EP1_GROUP)
+    assert warmed(grouped) == {1: layers(1, {"multi_tile"}), 4: layers(4, {"multi_tile"}), 8: layers(8)}
+    grouped.owns(root.EP1_GROUP)  # the same EP1 pool, started by the other group: every layer
     assert warmed(grouped) == {1: layers(1)}
+    grouped.owns("a group without pools")
+    assert grouped.warm == {} and grouped.upcoming == []
     assert warmed(planned(Host(cores=16, gpu=True))) == {1: layers(1), 4: layers(4, {"multi_tile"}), 8: layers(8)}
     with pytest.raises(pytest.UsageError, match=r"uses_layers names \['wide'\]; it takes one or more of single_tile"):
         root.layers_used(_Collected("bad", _subject(GPU_SPEC, 1), layers=("wide",)))

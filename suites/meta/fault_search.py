@@ -11,11 +11,12 @@ from fixtures.core.checks import ConformanceFailure, run_checks
 from fixtures.plugin.triage import find_failure
 
 
-def search_settings(max_examples: int | None = None) -> settings:
-    """The search's settings: ``max_examples`` drawn cases, derandomized, or the loaded profile's examples and draws
-    (None: the GPU ledger's search, measured under the ci profile)."""
+def search_settings(max_examples: int | None = None, parent: settings | None = None) -> settings:
+    """The search's settings: ``max_examples`` drawn cases, derandomized, or the examples and draws of ``parent``
+    (default: the loaded profile; None examples: the GPU ledger's search, measured under the ci profile)."""
     own = {} if max_examples is None else dict(max_examples=max_examples, derandomize=True, database=None)
     return settings(
+        parent,
         **own,
         deadline=None,
         phases=[Phase.explicit, Phase.generate],
@@ -29,7 +30,11 @@ def first_catch(subject, cases, checks, found_by: settings) -> tuple[Conformance
     fails, under ``found_by`` (:func:`search_settings`): the check's failure (None: every drawn case passed) and how
     many cases ran. Hypothesis reports a failing example by running it again; that replay draws the same case and
     seed and is answered with the failure the case raised, so the catching case (a GPU layer's checks: seconds)
-    runs once. Any other error is raised as hypothesis reports it."""
+    runs once. Any other error is raised as hypothesis reports it.
+
+    Derandomized, hypothesis seeds the draws from the source of ``search`` below: an edit of it (not of a comment)
+    changes every search's cases, and the bug ledger's GPU gaps were measured on these
+    (fixtures.backends.bug_ledger.GPU_DRAWS, which suites/meta/test_bug_ledger.py recomputes)."""
     failed: dict[tuple[str, int], ConformanceFailure] = {}
     ran = []
 

@@ -118,6 +118,37 @@ def _check_transcription(matrix: dict[str, dict[str, dict[str, str]]]) -> None:
     assert not wrong, f"GPU_GAPS disagrees with {bug_ledger.GPU_RAW}:\n" + "\n".join(wrong)
 
 
+def test_the_gpu_search_draws_the_cases_that_measured_the_gaps(monkeypatch):
+    """GPU_GAPS holds for the cases that measured it. The GPU ledger's search around GPU_DRAWS_KERNEL, for
+    GPU_DRAWS_ROWS under the ci profile, with its checks replaced by a recorder, must draw the cases whose digest
+    GPU_DRAWS holds; a changed strategy, search function or hypothesis release draws others, and then the ci
+    profile's skips of the known gaps stand on cases it no longer draws."""
+    import hashlib
+
+    from hypothesis import settings as drawing
+
+    from suites.flashinfer import test_gpu_faults
+    from suites.meta import fault_search
+
+    drawn = []
+    monkeypatch.setattr(
+        fault_search, "run_checks", lambda s, scenario, seed, names: drawn.append([scenario.to_json(), seed])
+    )
+    rows = {r.id: r for r in bug_ledger.LEDGER}
+    for row in (rows[i] for i in bug_ledger.GPU_DRAWS_ROWS):
+        subject = test_gpu_faults.ledger_subject(bug_ledger.GPU_DRAWS_KERNEL, row)
+        cases = test_gpu_faults.ledger_cases(subject, row.check)
+        fault_search.first_catch(
+            subject, cases, [row.check], fault_search.search_settings(parent=drawing.get_profile("ci"))
+        )
+    digest = hashlib.sha1(json.dumps(drawn).encode()).hexdigest()
+    assert digest == bug_ledger.GPU_DRAWS, (
+        f"the GPU ledger's search draws other cases ({digest}) than those that measured GPU_GAPS "
+        f"({bug_ledger.GPU_DRAWS}, {bug_ledger.GPU_RUN}): search every pair again on a GPU (MOE_LEDGER_GAPS=1 bash "
+        "ci/test.sh -m sm90 suites/flashinfer/test_gpu_faults.py -k ledger), transcribe its matrix and the new digest"
+    )
+
+
 @pytest.mark.parametrize(
     "derandomize, examples, asked, searched",
     [
