@@ -219,10 +219,11 @@ def ledger_param(name: str, row):
     return pytest.param(name, _ledger_ep(name), row, id=f"{name}-{row.id}", marks=marks)
 
 
-def ledger_subject(name: str, row) -> Subject:
-    """The row's fault wrapped around kernel ``name``, at the EP size its search runs (:func:`_ledger_ep`)."""
+def ledger_subject(name: str, row, ep: int | None = None) -> Subject:
+    """The row's fault wrapped around kernel ``name``, at EP ``ep`` (default: the size its search runs at here,
+    :func:`_ledger_ep`)."""
     spec = f"faulty:{row.fault}@{name}"
-    return Subject(spec, load(spec), _ledger_ep(name))
+    return Subject(spec, load(spec), _ledger_ep(name) if ep is None else ep)
 
 
 def ledger_cases(subject: Subject, check: str):

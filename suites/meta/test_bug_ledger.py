@@ -118,11 +118,10 @@ def _check_transcription(matrix: dict[str, dict[str, dict[str, str]]]) -> None:
     assert not wrong, f"GPU_GAPS disagrees with {bug_ledger.GPU_RAW}:\n" + "\n".join(wrong)
 
 
-def test_the_gpu_search_draws_the_cases_that_measured_the_gaps(monkeypatch):
-    """GPU_GAPS holds for the cases that measured it. The GPU ledger's search around GPU_DRAWS_KERNEL, for
-    GPU_DRAWS_ROWS under the ci profile, with its checks replaced by a recorder, must draw the cases whose digest
-    GPU_DRAWS holds; a changed strategy, search function or hypothesis release draws others, and then the ci
-    profile's skips of the known gaps stand on cases it no longer draws."""
+def gpu_search_draws() -> dict[str, str]:
+    """Per measured kernel, the sha1 of the (scenario, seed) pairs the GPU ledger's search draws around it under the ci
+    profile, at the EP size it ran at (bug_ledger.GPU_SEARCH_EP), for GPU_DRAWS_ROWS; its checks replaced by a
+    recorder."""
     import hashlib
 
     from hypothesis import settings as drawing
@@ -130,22 +129,34 @@ def test_the_gpu_search_draws_the_cases_that_measured_the_gaps(monkeypatch):
     from suites.flashinfer import test_gpu_faults
     from suites.meta import fault_search
 
-    drawn = []
-    monkeypatch.setattr(
-        fault_search, "run_checks", lambda s, scenario, seed, names: drawn.append([scenario.to_json(), seed])
-    )
     rows = {r.id: r for r in bug_ledger.LEDGER}
-    for row in (rows[i] for i in bug_ledger.GPU_DRAWS_ROWS):
-        subject = test_gpu_faults.ledger_subject(bug_ledger.GPU_DRAWS_KERNEL, row)
-        cases = test_gpu_faults.ledger_cases(subject, row.check)
-        fault_search.first_catch(
-            subject, cases, [row.check], fault_search.search_settings(parent=drawing.get_profile("ci"))
-        )
-    digest = hashlib.sha1(json.dumps(drawn).encode()).hexdigest()
-    assert digest == bug_ledger.GPU_DRAWS, (
-        f"the GPU ledger's search draws other cases ({digest}) than those that measured GPU_GAPS "
-        f"({bug_ledger.GPU_DRAWS}, {bug_ledger.GPU_RUN}): search every pair again on a GPU (MOE_LEDGER_GAPS=1 bash "
-        "ci/test.sh -m sm90 suites/flashinfer/test_gpu_faults.py -k ledger), transcribe its matrix and the new digest"
+    digests, drawn = {}, []
+    real = fault_search.run_checks
+    fault_search.run_checks = lambda s, scenario, seed, names: drawn.append([scenario.to_json(), seed])
+    try:
+        for kernel, ep in bug_ledger.GPU_SEARCH_EP.items():
+            drawn.clear()
+            for row in (rows[i] for i in bug_ledger.GPU_DRAWS_ROWS):
+                subject = test_gpu_faults.ledger_subject(kernel, row, ep)
+                cases = test_gpu_faults.ledger_cases(subject, row.check)
+                found_by = fault_search.search_settings(parent=drawing.get_profile("ci"))
+                fault_search.first_catch(subject, cases, [row.check], found_by)
+            digests[kernel] = hashlib.sha1(json.dumps(drawn).encode()).hexdigest()
+    finally:
+        fault_search.run_checks = real
+    return digests
+
+
+def test_the_gpu_search_draws_the_cases_that_measured_the_gaps():
+    """GPU_GAPS holds for the cases that measured it. Around each measured kernel, the GPU ledger's search must draw
+    the cases whose digest GPU_DRAWS holds; a changed strategy, search function or hypothesis release draws others
+    there, and then the ci profile's skips of that kernel's gaps stand on cases it no longer draws."""
+    drawn = gpu_search_draws()
+    moved = {k: d for k, d in drawn.items() if bug_ledger.GPU_DRAWS.get(k) != d}
+    assert not moved, (
+        f"the GPU ledger's search draws other cases around {', '.join(moved)} than those that measured GPU_GAPS "
+        f"({bug_ledger.GPU_RUN}): search every pair again on a GPU (MOE_LEDGER_GAPS=1 bash ci/test.sh -m sm90 "
+        f"suites/flashinfer/test_gpu_faults.py -k ledger), transcribe its matrix, and GPU_DRAWS: {moved}"
     )
 
 
