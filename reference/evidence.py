@@ -47,8 +47,10 @@ SETUP_AND_REPRODUCTION = _DEC05 + "setup-and-reproduction-reviews.md"  # set-up,
 SM90_H100_FOUR_WORKERS = _DEC05 + "sm90-h100-four-workers-slower.md"  # one H100: four workers 706 s, three 581 s
 DRAWS_WITHOUT_LOCAL_CONSTANTS = _DEC05 + "draws-without-local-constants.md"  # draws free of the modules loaded
 SM90_LEDGER_REDRAWN = _DEC05 + "sm90-h100-ledger-redrawn.md"  # -m sm90 in 508 s on a fresh H100; the ledger redrawn
+SM90_H100_FORECAST_COUNTS = _DEC05 + "sm90-h100-forecast-counts.md"  # -m sm90 green in 492 s, the derived counts
 
 LOGS = (
+    SM90_H100_FORECAST_COUNTS,
     SM90_LEDGER_REDRAWN,
     DRAWS_WITHOUT_LOCAL_CONSTANTS,
     SM90_H100_FOUR_WORKERS,
