@@ -163,9 +163,9 @@ def test_the_unwrapped_layer_passes_the_exact_case(name):
 # The bug ledger (fixtures/backends/bug_ledger.py) around every SM90 implementation: each applicable row's fault wraps
 # the real layer and must fail the row's check within the profile's drawn cases of the kernel's fixed layers (no new
 # kernel shape). Measured on a GPU (bug_ledger.GPU_RUN): the ledger's GPU_GAPS says around which kernels a row's fault
-# was not caught. Those pairs skip under the ci profile, whose derandomized search would repeat the draws that measured them,
-# and are strict xfails where they are searched again (fixtures.core.selection.ledger_gaps_searched: a catch turns the
-# run red, and the table is updated); the rest must catch. Faults that re-implement reference-ep's forward (a recipe
+# was not caught. Those pairs skip under the ci profile, whose derandomized search would repeat the draws that measured
+# them, and are strict xfails where they are searched again (fixtures.core.selection.ledger_gaps_searched: a catch turns
+# the run red, and the table is updated); the rest must catch. Faults that re-implement reference-ep's forward (a recipe
 # variant, the EP offset) cannot wrap a real kernel. The search runs on the worker of the tests that need no pool
 # (separate_pools), its first pools started beside them.
 REFERENCE_ONLY = {

@@ -123,27 +123,26 @@ def gpu_search_draws() -> dict[str, str]:
     profile, at the EP size it ran at (bug_ledger.GPU_SEARCH_EP), for GPU_DRAWS_ROWS; its checks replaced by a
     recorder."""
     import hashlib
+    from unittest import mock
 
     from hypothesis import settings as drawing
 
     from suites.flashinfer import test_gpu_faults
     from suites.meta import fault_search
 
-    rows = {r.id: r for r in bug_ledger.LEDGER}
+    by_id = {r.id: r for r in bug_ledger.LEDGER}
+    rows = [by_id[i] for i in bug_ledger.GPU_DRAWS_ROWS]
+    found_by = fault_search.search_settings(parent=drawing.get_profile("ci"))
     digests, drawn = {}, []
-    real = fault_search.run_checks
-    fault_search.run_checks = lambda s, scenario, seed, names: drawn.append([scenario.to_json(), seed])
-    try:
+    record = lambda s, scenario, seed, names: drawn.append([scenario.to_json(), seed])
+    with mock.patch.object(fault_search, "run_checks", record):
         for kernel, ep in bug_ledger.GPU_SEARCH_EP.items():
             drawn.clear()
-            for row in (rows[i] for i in bug_ledger.GPU_DRAWS_ROWS):
+            for row in rows:
                 subject = test_gpu_faults.ledger_subject(kernel, row, ep)
                 cases = test_gpu_faults.ledger_cases(subject, row.check)
-                found_by = fault_search.search_settings(parent=drawing.get_profile("ci"))
                 fault_search.first_catch(subject, cases, [row.check], found_by)
             digests[kernel] = hashlib.sha1(json.dumps(drawn).encode()).hexdigest()
-    finally:
-        fault_search.run_checks = real
     return digests
 
 
